@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+"""Prepare Multi30k (task 1) for fairseq: sacremoses tokenization, subword-nmt joint BPE,
+``fairseq-preprocess --joined-dictionary``.
+
+Reads raw, untokenized, line-aligned text ``{train,val,test_2016_flickr}.{src,tgt}`` from
+``--data-dir`` (default: ``$MULTI30K_DIR``, else ``../shared/data/multi30k`` when it exists,
+else the public release is downloaded into ``--work-dir/raw``). Writes
+``--work-dir/{tok,bpe,bin}``; ``bin`` is the fairseq data directory (splits train/valid/test),
+``bpe/codes`` the BPE codes and ``test.ref.<tgt>`` the raw test reference.
+
+Raises ``SystemExit`` with a message naming what was expected when the data directory is
+missing or malformed.
+"""
+import argparse
+import gzip
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+# The public Multi30k release (task 1, raw text), used only when no local copy exists.
+RELEASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.{lang}.gz"
+REPO_SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "multi30k"
+
+
+def default_data_dir():
+    if os.environ.get("MULTI30K_DIR"):
+        return Path(os.environ["MULTI30K_DIR"])
+    return REPO_SHARED.resolve() if REPO_SHARED.exists() else None
+
+
+def check_data_dir(data_dir, src, tgt):
+    """Fail with a message saying what is expected unless every raw file is present,
+    non-empty and line-aligned."""
+    if not data_dir.is_dir():
+        sys.exit(f"error: data directory {data_dir} does not exist; expected a directory holding "
+                 f"raw Multi30k text files {{train,val,test_2016_flickr}}.{{{src},{tgt}}}")
+    for name in SPLITS.values():
+        paths = [data_dir / f"{name}.{lang}" for lang in (src, tgt)]
+        missing = [str(p) for p in paths if not p.is_file() or p.stat().st_size == 0]
+        if missing:
+            sys.exit(f"error: malformed data directory {data_dir}: missing or empty {', '.join(missing)} "
+                     f"(expected raw Multi30k text files {{train,val,test_2016_flickr}}.{{{src},{tgt}}}, "
+                     "one sentence per line)")
+        counts = [sum(1 for _ in open(p, encoding="utf-8")) for p in paths]
+        if counts[0] != counts[1]:
+            sys.exit(f"error: malformed data directory {data_dir}: {paths[0].name} has {counts[0]} lines "
+                     f"but {paths[1].name} has {counts[1]}; the two sides must be line-aligned")
+
+
+def download(raw_dir, src, tgt):
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    for name in SPLITS.values():
+        for lang in (src, tgt):
+            out = raw_dir / f"{name}.{lang}"
+            if out.exists():
+                continue
+            url = RELEASE_URL.format(name=name, lang=lang)
+            print(f"| downloading {url}", flush=True)
+            with urllib.request.urlopen(url, timeout=60) as r:
+                out.write_bytes(gzip.decompress(r.read()))
+    return raw_dir
+
+
+def tokenize(in_path, out_path, lang, limit):
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    norm, tok = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    with open(in_path, encoding="utf-8") as fin, open(out_path, "w", encoding="utf-8") as fout:
+        for i, line in enumerate(fin):
+            if limit and i >= limit:
+                break
+            fout.write(tok.tokenize(norm.normalize(line.strip()), escape=False, return_str=True) + "\n")
+
+
+def learn_and_apply_bpe(tok_dir, bpe_dir, src, tgt, merges):
+    from subword_nmt.apply_bpe import BPE
+    from subword_nmt.learn_bpe import learn_bpe
+
+    codes = bpe_dir / "codes"
+    joint = bpe_dir / "train.joint.tok"
+    with open(joint, "w", encoding="utf-8") as f:
+        for lang in (src, tgt):
+            f.write((tok_dir / f"train.{lang}").read_text(encoding="utf-8"))
+    with open(joint, encoding="utf-8") as fin, open(codes, "w", encoding="utf-8") as fout:
+        learn_bpe(fin, fout, merges)
+    joint.unlink()
+    with open(codes, encoding="utf-8") as f:
+        bpe = BPE(f)
+    for split in SPLITS:
+        for lang in (src, tgt):
+            with open(tok_dir / f"{split}.{lang}", encoding="utf-8") as fin, \
+                    open(bpe_dir / f"{split}.{lang}", "w", encoding="utf-8") as fout:
+                for line in fin:
+                    fout.write(bpe.process_line(line))
+    return codes
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="raw Multi30k directory (default: $MULTI30K_DIR, ../shared/data/multi30k, else download)")
+    p.add_argument("--work-dir", type=Path, required=True, help="output directory")
+    p.add_argument("--src", default="en")
+    p.add_argument("--tgt", default="de")
+    p.add_argument("--bpe-merges", type=int, default=8000, help="subword-nmt joint BPE merge operations")
+    p.add_argument("--max-train-lines", type=int, default=0, help="use only the first N training pairs (0 = all)")
+    p.add_argument("--workers", type=int, default=2)
+    args = p.parse_args(argv)
+
+    data_dir = args.data_dir or default_data_dir() or download(args.work_dir / "raw", args.src, args.tgt)
+    check_data_dir(data_dir, args.src, args.tgt)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    # The raw test reference, for sacreBLEU against detokenized output.
+    shutil.copy(data_dir / f"{SPLITS['test']}.{args.tgt}", args.work_dir / f"test.ref.{args.tgt}")
+    bin_dir = args.work_dir / "bin"
+    if (bin_dir / "test.{}-{}.{}.bin".format(args.src, args.tgt, args.tgt)).exists():
+        print(f"| {bin_dir} already prepared", flush=True)
+        return bin_dir
+    tok_dir, bpe_dir = args.work_dir / "tok", args.work_dir / "bpe"
+    for d in (tok_dir, bpe_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    print(f"| tokenizing {data_dir} with sacremoses", flush=True)
+    for split, name in SPLITS.items():
+        for lang in (args.src, args.tgt):
+            limit = args.max_train_lines if split == "train" else 0
+            tokenize(data_dir / f"{name}.{lang}", tok_dir / f"{split}.{lang}", lang, limit)
+    print(f"| learning {args.bpe_merges} joint BPE merges with subword-nmt", flush=True)
+    learn_and_apply_bpe(tok_dir, bpe_dir, args.src, args.tgt, args.bpe_merges)
+    shutil.rmtree(bin_dir, ignore_errors=True)
+    subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", args.src, "--target-lang", args.tgt,
+         "--trainpref", str(bpe_dir / "train"), "--validpref", str(bpe_dir / "valid"),
+         "--testpref", str(bpe_dir / "test"), "--destdir", str(bin_dir), "--joined-dictionary",
+         "--workers", str(args.workers)],
+        check=True,
+    )
+    return bin_dir
+
+
+if __name__ == "__main__":
+    main()

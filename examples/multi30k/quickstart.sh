@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Quick start: train and evaluate a wide Transformer on Multi30k English->German on CPU.
+#
+#   bash examples/multi30k/quickstart.sh [--data-dir DIR] [--minutes M] [--arch ARCH]
+#                                        [--work-dir DIR] [-- extra fairseq-train flags]
+#
+# 1. creates ./.venv if absent and installs the package (torch CPU build first);
+# 2. prepares the data (sacremoses, subword-nmt joint BPE, fairseq-preprocess --joined-dictionary)
+#    from --data-dir / $MULTI30K_DIR, else ../shared/data/multi30k, else the public release;
+# 3. trains ARCH (default multipath_transformer_multi30k) with stock fairseq-train for at most
+#    M minutes (default 15);
+# 4. decodes test_2016 with beam search via fairseq-generate and prints sacreBLEU + signature.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DATA_DIR="${MULTI30K_DIR:-}"
+MINUTES=15
+ARCH=multipath_transformer_multi30k
+WORK="$ROOT/runs/multi30k"
+VENV="${VENV:-$ROOT/.venv}"
+EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --data-dir) DATA_DIR="$2"; shift 2 ;;
+    --minutes) MINUTES="$2"; shift 2 ;;
+    --arch) ARCH="$2"; shift 2 ;;
+    --work-dir) WORK="$2"; shift 2 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "| creating virtualenv $VENV"
+  python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+if ! "$PY" -c "import fairseq_widearch, sacremoses, subword_nmt, sacrebleu" 2>/dev/null; then
+  echo "| installing torch (CPU) and fairseq-widearch into $VENV"
+  "$PY" -m pip install -q torch==2.13.0
+  "$PY" -m pip install -q -e "$ROOT[examples]"
+fi
+
+"$PY" "$ROOT/examples/multi30k/prepare.py" --work-dir "$WORK/data" ${DATA_DIR:+--data-dir "$DATA_DIR"}
+
+SAVE="$WORK/checkpoints/$ARCH"
+mkdir -p "$SAVE"
+STOP_HOURS=$("$PY" -c "print($MINUTES / 60)")
+echo "| training $ARCH for at most $MINUTES minutes"
+"$VENV/bin/fairseq-train" "$WORK/data/bin" --user-dir "$ROOT/fairseq_widearch" \
+  --arch "$ARCH" --cpu --num-workers 0 --seed 1 \
+  --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.003 --lr-scheduler inverse_sqrt --warmup-updates 300 \
+  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --dropout 0.1 \
+  --max-tokens 4096 --stop-time-hours "$STOP_HOURS" --max-epoch 100 \
+  --save-dir "$SAVE" --no-epoch-checkpoints --best-checkpoint-metric loss \
+  --log-format simple --log-interval 50 "${EXTRA[@]}"
+
+echo "| decoding test_2016 with beam 5"
+"$VENV/bin/fairseq-generate" "$WORK/data/bin" --user-dir "$ROOT/fairseq_widearch" \
+  --path "$SAVE/checkpoint_best.pt" --gen-subset test --cpu --beam 5 --lenpen 1.0 --batch-size 128 \
+  --tokenizer moses --source-lang en --target-lang de \
+  --bpe subword_nmt --bpe-codes "$WORK/data/bpe/codes" > "$WORK/generate-$ARCH.txt"
+"$PY" "$ROOT/examples/multi30k/score.py" "$WORK/generate-$ARCH.txt" "$WORK/data/test.ref.de"

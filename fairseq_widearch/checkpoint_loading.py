@@ -1,0 +1,53 @@
+"""Safe loading of fairseq checkpoints under torch >= 2.6.
+
+torch >= 2.6 loads with ``weights_only=True`` by default, and fairseq's
+``checkpoint_utils.load_checkpoint_to_cpu`` calls plain ``torch.load``: every fairseq
+checkpoint holds an ``argparse.Namespace`` (``args`` or ``cfg.model``) and older ones hold
+omegaconf containers, so stock fairseq refuses its own checkpoints. Instead of turning the
+protection off (``weights_only=False`` or ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``), we add to
+torch's allow-list exactly the classes a fairseq checkpoint holds. Any other pickled global is
+still refused with torch's ``UnpicklingError``.
+"""
+import argparse
+import collections
+import typing
+
+import torch
+from omegaconf import DictConfig, ListConfig
+from omegaconf.base import ContainerMetadata, Metadata
+from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
+
+#: What fairseq (0.10-0.12) checkpoints hold besides tensors and plain containers:
+#: the legacy ``args`` Namespace; omegaconf configs with their node/metadata classes; and the
+#: types omegaconf records as metadata (``typing.Any`` and builtin element/key types).
+FAIRSEQ_CHECKPOINT_GLOBALS = [
+    argparse.Namespace,
+    collections.defaultdict,
+    DictConfig,
+    ListConfig,
+    ContainerMetadata,
+    Metadata,
+    AnyNode,
+    BooleanNode,
+    FloatNode,
+    IntegerNode,
+    StringNode,
+    typing.Any,
+    bool,
+    dict,
+    float,
+    int,
+    list,
+    str,
+]
+
+
+def allow_fairseq_checkpoint_globals():
+    """Add :data:`FAIRSEQ_CHECKPOINT_GLOBALS` to torch's weights-only allow-list.
+
+    Idempotent; called when :mod:`fairseq_widearch` is imported. A no-op on torch < 2.4,
+    which has no allow-list (and loads without ``weights_only`` by default).
+    """
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is not None:
+        add(FAIRSEQ_CHECKPOINT_GLOBALS)

@@ -1,0 +1,87 @@
+"""Parameter and MAC counts of any registered fairseq architecture.
+
+    python -m fairseq_widearch.cli.stats --arch ARCH [--vocab-size N] [any flag of ARCH]
+
+Prints one JSON object: ``params`` (trainable parameters, shared tensors counted once),
+``params_embedding`` (vocabulary-sized tables: token embeddings and an untied output projection),
+``params_encoder`` / ``params_decoder`` (everything else in the encoder / decoder), and ``macs``,
+the multiply-accumulates of one teacher-forced forward pass over one sentence pair of
+``--src-len`` source and ``--tgt-len`` target tokens (20 and 20: the papers' convention),
+output projection included. MACs are *measured*, not derived: ``torch.utils.flop_counter``
+counts the FLOPs of every matmul the forward runs (attention through the math SDPA kernel so its
+two matmuls are seen), and MACs = FLOPs / 2. Element-wise work (softmax, norms) is not counted.
+"""
+import argparse
+import json
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+import fairseq_widearch  # noqa: F401  (registers the plugin's architectures)
+from fairseq_widearch.model_builder import build_model
+
+
+def _unique_params(module, seen):
+    total = 0
+    for p in module.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def param_counts(model) -> dict:
+    """Split trainable parameters of an encoder-decoder model into embedding/encoder/decoder."""
+    seen = set()
+    embedding_tables = [model.encoder.embed_tokens, model.decoder.embed_tokens,
+                        getattr(model.decoder, "output_projection", None)]
+    embedding = sum(_unique_params(m, seen) for m in embedding_tables if m is not None)
+    encoder, decoder = _unique_params(model.encoder, seen), _unique_params(model.decoder, seen)
+    return {"params": embedding + encoder + decoder, "params_embedding": embedding,
+            "params_encoder": encoder, "params_decoder": decoder}
+
+
+def count_macs(model, src_len: int = 20, tgt_len: int = 20) -> int:
+    """Multiply-accumulates of one eval-mode forward over a ``(1, src_len)`` source and a
+    ``(1, tgt_len)`` target prefix, measured with ``torch.utils.flop_counter``."""
+    vocab = len(model.decoder.dictionary)
+    nspecial = model.decoder.dictionary.nspecial
+    src = torch.randint(nspecial, vocab, (1, src_len))
+    prev = torch.randint(nspecial, vocab, (1, tgt_len))
+    model.eval()
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:
+        model(src, torch.tensor([src_len]), prev)
+    return counter.get_total_flops() // 2
+
+
+def model_stats(arch: str, argv=(), vocab_size: int = 32000, src_len: int = 20, tgt_len: int = 20) -> dict:
+    """Build ``arch`` (flags ``argv``) on a joined vocabulary of ``vocab_size`` and count it."""
+    model = build_model(arch, argv, vocab_size=vocab_size)
+    stats = {"arch": arch, "vocab_size": vocab_size, **param_counts(model)}
+    stats["macs"] = count_macs(model, src_len, tgt_len)
+    return stats
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Any other flag is passed to the architecture (e.g. --encoder-layers 24 --encoder-normalize-before).",
+    )
+    parser.add_argument("--arch", required=True, help="any registered fairseq architecture or preset")
+    parser.add_argument("--vocab-size", type=int, default=32000,
+                        help="size of the joined (source = target) dictionary, specials included")
+    parser.add_argument("--src-len", type=int, default=20, help="source tokens for the MAC count")
+    parser.add_argument("--tgt-len", type=int, default=20, help="target tokens for the MAC count")
+    args, arch_argv = parser.parse_known_args(argv)
+    try:
+        stats = model_stats(args.arch, arch_argv, args.vocab_size, args.src_len, args.tgt_len)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    print(json.dumps(stats))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""Multi-Path Transformer (Lin et al. 2022, "Multi-Path Transformer is Better: A Case Study on
+Neural Machine Translation", Findings of EMNLP 2022).
+
+A pre-norm Transformer whose sub-layers are *wide*: each runs n attention or FFN paths on one
+shared LN(X), normalises every path with PathNorm and fuses them with learnable scalars,
+``Y = βX + Σ α_i PathNorm_i(Func_i(LN(X)))`` (Eqs. 4-6), plus the leave-one-out averages of
+Eq. 7 ("more features") when n >= 3. The paper widens the encoder only (decoder: 1 path, i.e. the
+standard pre-norm fairseq decoder layer); ``--decoder-paths`` widens the decoder too.
+
+The blocks live in :mod:`fairseq_widearch.modules.multi_path`; this file wires them into
+fairseq's encoder/decoder through ``build_encoder_layer`` / ``build_decoder_layer``.
+"""
+from dataclasses import dataclass, field, fields
+
+import torch.nn as nn
+from fairseq.dataclass import ChoiceEnum
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+)
+
+from ..modules.multi_path import (
+    ALPHA_INIT,
+    PATH_WEIGHTS,
+    MultiPathAttention,
+    MultiPathFFN,
+    MultiPathSublayer,
+    PathFusion,
+)
+from .validation import require, require_positive, validate_transformer_sizes
+
+
+@dataclass
+class MultiPathTransformerConfig(TransformerConfig):
+    """Flags of ``multipath_transformer`` on top of fairseq's :class:`TransformerConfig`."""
+
+    encoder_paths: int = field(default=2, metadata={"help": "n, the number of paths in every encoder sub-layer (Eq. 4)"})
+    decoder_paths: int = field(
+        default=1, metadata={"help": "n for the decoder sub-layers; 1 (the paper) keeps fairseq's pre-norm decoder layer"}
+    )
+    no_path_norm: bool = field(
+        default=False, metadata={"help": "drop PathNorm (Eq. 5) on the path outputs (Table 4 ablation)"}
+    )
+    path_weights: ChoiceEnum(PATH_WEIGHTS) = field(
+        default="learnable",
+        metadata={"help": "path weights α and residual weight β of Eq. 4: learnable (Sec. 3.3), or fixed "
+                          "α = 1/F or 1/√F with β = 1, F = fused features (Table 4)"},
+    )
+    path_alpha_init: ChoiceEnum(ALPHA_INIT) = field(
+        default="sqrt_features",
+        metadata={"help": "initial α (Sec. 3.3): 1/√F with F the features actually fused (n, or 2n with more "
+                          "features), or the literal 1/√(2n)"},
+    )
+    no_more_features: bool = field(
+        default=False,
+        metadata={"help": "drop the n leave-one-out path averages of Eq. 7 (used only when n >= 3)"},
+    )
+
+
+# Fields this model adds to TransformerConfig, with their defaults (applied by the base preset).
+_MULTIPATH_DEFAULTS = {
+    f.name: f.default for f in fields(MultiPathTransformerConfig) if f.name not in {g.name for g in fields(TransformerConfig)}
+}
+
+
+def _fusion(cfg, num_paths: int) -> PathFusion:
+    return PathFusion(
+        num_paths,
+        cfg.encoder.embed_dim,
+        path_norm=not cfg.no_path_norm,
+        path_weights=cfg.path_weights,
+        alpha_init=cfg.path_alpha_init,
+        more_features=not cfg.no_more_features,
+        dropout=cfg.dropout,
+    )
+
+
+def _ffn(cfg, side, num_paths: int) -> MultiPathFFN:
+    return MultiPathFFN(num_paths, side.embed_dim, side.ffn_embed_dim, cfg.activation_fn,
+                        cfg.activation_dropout or cfg.relu_dropout or 0.0)
+
+
+class MultiPathEncoderLayer(nn.Module):
+    """Pre-norm encoder layer of two multi-path sub-layers: self-attention, then FFN (Eqs. 4-7)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        n, d = cfg.encoder_paths, cfg.encoder.embed_dim
+        attn = MultiPathAttention(n, d, cfg.encoder.attention_heads, dropout=cfg.attention_dropout)
+        self.self_attn = MultiPathSublayer(d, attn, _fusion(cfg, n))
+        self.ffn = MultiPathSublayer(d, _ffn(cfg, cfg.encoder, n), _fusion(cfg, n))
+
+    def forward(self, x, encoder_padding_mask=None):
+        """x ``(src_len, batch, C)``, encoder_padding_mask ``(batch, src_len)`` -> ``(src_len, batch, C)``."""
+        x = self.self_attn(x, key_padding_mask=encoder_padding_mask)
+        return self.ffn(x)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Called by fairseq's encoder on every layer; this layer has no legacy names to rename."""
+
+
+class MultiPathDecoderLayer(nn.Module):
+    """Pre-norm decoder layer of three multi-path sub-layers: causal self-attention,
+    encoder-decoder attention (each path with its own K/V cache) and FFN.
+
+    Follows the call signature of fairseq's ``TransformerDecoderLayerBase.forward`` and returns
+    ``(x, None, None)`` (no attention weights: the paths' heads are not averaged into one alignment).
+    """
+
+    def __init__(self, cfg, no_encoder_attn=False):
+        super().__init__()
+        n, d, heads = cfg.decoder_paths, cfg.decoder.embed_dim, cfg.decoder.attention_heads
+        self.self_attn = MultiPathSublayer(
+            d, MultiPathAttention(n, d, heads, dropout=cfg.attention_dropout), _fusion(cfg, n)
+        )
+        self.encoder_attn = None
+        if not no_encoder_attn:
+            cross = MultiPathAttention(n, d, heads, kdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
+                                       self_attention=False)
+            self.encoder_attn = MultiPathSublayer(d, cross, _fusion(cfg, n))
+        self.ffn = MultiPathSublayer(d, _ffn(cfg, cfg.decoder, n), _fusion(cfg, n))
+
+    def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
+                prev_self_attn_state=None, prev_attn_state=None, self_attn_mask=None,
+                self_attn_padding_mask=None, need_attn=False, need_head_weights=False):
+        """x ``(tgt_len, batch, C)``; encoder_out ``(src_len, batch, C)``; masks as in fairseq."""
+        x = self.self_attn(x, key_padding_mask=self_attn_padding_mask, attn_mask=self_attn_mask,
+                           incremental_state=incremental_state)
+        if self.encoder_attn is not None:
+            x = self.encoder_attn(x, key=encoder_out, key_padding_mask=encoder_padding_mask,
+                                  incremental_state=incremental_state)
+        return self.ffn(x), None, None
+
+
+class MultiPathTransformerEncoder(TransformerEncoderBase):
+    """fairseq's Transformer encoder with multi-path layers."""
+
+    def build_encoder_layer(self, cfg):
+        return MultiPathEncoderLayer(cfg)
+
+
+class MultiPathTransformerDecoder(TransformerDecoderBase):
+    """fairseq's Transformer decoder; multi-path layers when ``--decoder-paths`` > 1."""
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        if cfg.decoder_paths > 1:
+            return MultiPathDecoderLayer(cfg, no_encoder_attn)
+        return super().build_decoder_layer(cfg, no_encoder_attn)
+
+
+def validate_multipath_config(args):
+    """Raise ``ValueError`` naming the flag and value of the first invalid setting."""
+    validate_transformer_sizes(args)
+    require_positive(args, "encoder_paths", "decoder_paths")
+    require(args.encoder_normalize_before,
+            "multipath_transformer is pre-norm (Lin et al. 2022, Eq. 5): --encoder-normalize-before is required")
+    require(args.decoder_paths == 1 or args.decoder_normalize_before,
+            f"--decoder-paths {args.decoder_paths} builds pre-norm multi-path decoder layers (Eq. 5): "
+            "--decoder-normalize-before is required")
+
+
+@register_model("multipath_transformer")
+class MultiPathTransformerModel(TransformerModel):
+    """Multi-Path Transformer (Lin et al. 2022). Flags: :class:`MultiPathTransformerConfig`;
+    presets ``multipath_transformer_{L}l_{P}p`` reproduce Table 2."""
+
+    @classmethod
+    def add_args(cls, parser):
+        gen_parser_from_dataclass(parser, MultiPathTransformerConfig(), delete_default=True, with_prefix="")
+
+    @classmethod
+    def build_model(cls, args, task):
+        multipath_transformer(args)
+        validate_multipath_config(args)
+        return super().build_model(args, task)
+
+    # TransformerModel.build_model hands these a TransformerConfig that already carries our fields.
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return MultiPathTransformerEncoder(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return MultiPathTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+@register_model_architecture("multipath_transformer", "multipath_transformer")
+def multipath_transformer(args):
+    """Base preset: Table 2's shape (d = 512, FFN 2048, 8 heads, 6+6 layers), pre-norm, 2 encoder paths."""
+    for name, default in _MULTIPATH_DEFAULTS.items():
+        setattr(args, name, getattr(args, name, default))
+    args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
+    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
+    base_architecture(args)
+
+
+def _table2_preset(layers: int, paths: int):
+    """Table 2 row: ``layers`` encoder layers of ``paths`` paths, 6-layer decoder, shared vocabulary."""
+
+    def preset(args):
+        args.encoder_layers = getattr(args, "encoder_layers", layers)
+        args.encoder_paths = getattr(args, "encoder_paths", paths)
+        args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
+        multipath_transformer(args)
+
+    preset.__doc__ = f"Lin et al. 2022, Table 2: {layers}-layer {paths}-path encoder, 6-layer decoder."
+    return preset
+
+
+TABLE2 = [(6, 2), (12, 2), (6, 4), (12, 3), (6, 6), (24, 2), (12, 4), (6, 8)]
+for _layers, _paths in TABLE2:
+    register_model_architecture("multipath_transformer", f"multipath_transformer_{_layers}l_{_paths}p")(
+        _table2_preset(_layers, _paths)
+    )
+
+
+@register_model_architecture("multipath_transformer", "multipath_transformer_multi30k")
+def multipath_transformer_multi30k(args):
+    """Quick-start size for Multi30k on 2 CPU cores: d = 128, FFN 512, 3-layer 2-path encoder,
+    3-layer decoder, shared vocabulary."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 128)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 512)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.encoder_layers = getattr(args, "encoder_layers", 3)
+    args.decoder_layers = getattr(args, "decoder_layers", 3)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
+    args.dropout = getattr(args, "dropout", 0.1)
+    multipath_transformer(args)
+
+
+@register_model_architecture("multipath_transformer", "multipath_transformer_tiny")
+def multipath_transformer_tiny(args):
+    """Tiny model for tests: 3 encoder paths (so more features are on), 2 decoder paths."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 64)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.encoder_layers = getattr(args, "encoder_layers", 2)
+    args.encoder_paths = getattr(args, "encoder_paths", 3)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.decoder_paths = getattr(args, "decoder_paths", 2)
+    multipath_transformer(args)

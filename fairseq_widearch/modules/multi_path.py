@@ -1,0 +1,277 @@
+"""Multi-path sub-layers (Lin et al. 2022, "Multi-Path Transformer is Better", Sec. 3, Eqs. 4-7).
+
+A multi-path sub-layer runs n independent copies ("paths") of an attention or FFN block on one
+shared ``LN(X)`` and fuses them::
+
+    Y = β X + Σ_{i=1..n} α_i PathNorm_i(f_i) [+ Σ_{j=1..n} α'_j PathNorm'_j(AVG_{-j})]   (Eq. 4, 7)
+    f_i = Func_i(LN(X)),  Func = MHA or FFN                                               (Eq. 5, 6)
+
+The paths are batched, never looped over: the n attentions run as one attention with n·H heads
+and one fused projection; the n FFNs as one wide first projection and one batched second one.
+"""
+import math
+from typing import Dict, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import LayerNorm
+from fairseq.modules.fairseq_dropout import FairseqDropout
+from torch import Tensor
+
+from .path_norm import PathNorm
+
+PATH_WEIGHTS = ("learnable", "fixed_inverse", "fixed_inverse_sqrt")
+ALPHA_INIT = ("sqrt_features", "sqrt_2n")
+
+
+class PathwiseLinear(nn.Module):
+    """n independent ``Linear(in_features, out_features)``, one per path, as one ``baddbmm``.
+
+    Shapes: input ``(n, N, in_features)``; output ``(n, N, out_features)``.
+    Initialised per path like ``nn.Linear`` (Kaiming-uniform, a=√5) or, with ``xavier_gain``,
+    like fairseq's attention projections (Xavier-uniform, zero bias).
+    """
+
+    def __init__(self, num_paths: int, in_features: int, out_features: int, xavier_gain: Optional[float] = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_paths, in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(num_paths, out_features))
+        for i in range(num_paths):
+            # weight[i] is (in, out); the init functions expect nn.Linear's (out, in) layout.
+            w, b = self.weight[i].T, self.bias[i]
+            if xavier_gain is None:
+                nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+                nn.init.uniform_(b, -1 / math.sqrt(in_features), 1 / math.sqrt(in_features))
+            else:
+                nn.init.xavier_uniform_(w, gain=xavier_gain)
+                nn.init.zeros_(b)
+
+    def forward(self, x):
+        return torch.baddbmm(self.bias[:, None].to(x.dtype), x, self.weight.to(x.dtype))
+
+
+def _xavier_blocks_(weight: Tensor, block: int, gain: float):
+    """Xavier-init each ``(block, in)`` row block of a fused projection as its own matrix."""
+    for w in weight.split(block, dim=0):
+        nn.init.xavier_uniform_(w, gain=gain)
+
+
+@with_incremental_state
+class MultiPathAttention(nn.Module):
+    """n multi-head attention paths (Eq. 1-2, each a full fairseq-style MHA with its own
+    Q/K/V/O projections) computed as one scaled-dot-product attention with n·H heads.
+
+    Args:
+        num_paths (int): n.
+        embed_dim (int): C = d; each path has ``num_heads`` heads of size C / H.
+        num_heads (int): H per path.
+        kdim (int, optional): key/value input size (encoder-decoder attention); default C.
+        dropout (float): attention-probability dropout.
+        self_attention (bool): Q, K, V from the same input (one fused ``C -> 3nC`` projection);
+            otherwise encoder-decoder attention (``C -> nC`` queries, ``kdim -> 2nC`` keys/values).
+
+    Raises:
+        ValueError: if ``embed_dim`` is not divisible by ``num_heads``.
+    """
+
+    def __init__(self, num_paths: int, embed_dim: int, num_heads: int, kdim: Optional[int] = None,
+                 dropout: float = 0.0, self_attention: bool = True):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"attention heads ({num_heads}) must divide the embedding dim ({embed_dim})")
+        self.num_paths, self.embed_dim, self.num_heads = num_paths, embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.self_attention = self_attention
+        width = num_paths * embed_dim
+        gain = 1 / math.sqrt(2)  # fairseq's init for same-dim Q/K/V projections
+        if self_attention:
+            self.in_proj = nn.Linear(embed_dim, 3 * width)
+            _xavier_blocks_(self.in_proj.weight, embed_dim, gain)
+        else:
+            self.q_proj = nn.Linear(embed_dim, width)
+            self.kv_proj = nn.Linear(kdim or embed_dim, 2 * width)
+            _xavier_blocks_(self.q_proj.weight, embed_dim, gain)
+            _xavier_blocks_(self.kv_proj.weight, embed_dim, gain)
+        self.out_proj = PathwiseLinear(num_paths, embed_dim, embed_dim, xavier_gain=1.0)
+
+    def _heads(self, x):
+        # (L, B, n·C) -> (B, n·H, L, C/H); heads are path-major so path i owns heads i·H..(i+1)·H-1
+        L, B, _ = x.shape
+        return x.view(L, B, -1, self.head_dim).permute(1, 2, 0, 3)
+
+    def _project_kv(self, key):
+        k, v = self.kv_proj(key).chunk(2, dim=-1)
+        return self._heads(k), self._heads(v)
+
+    def forward(self, query: Tensor, key: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
+                attn_mask: Optional[Tensor] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None) -> Tensor:
+        """
+        Args:
+            query: ``(T, B, C)`` (already layer-normalised).
+            key: ``(S, B, kdim)`` encoder output for encoder-decoder attention; ignored for
+                self-attention.
+            key_padding_mask: ``(B, S)``, True at padding keys.
+            attn_mask: ``(T, S)`` additive float mask (fairseq's causal mask, -inf above the diagonal).
+            incremental_state: fairseq's decoding cache; self-attention appends this step's keys and
+                values, encoder-decoder attention projects the encoder output once.
+        Returns:
+            ``(n, T, B, C)``: every path's output (Func_i(LN(X)) of Eq. 6).
+        """
+        T, B, C = query.shape
+        cache = self.get_incremental_state(incremental_state, "attn_state") if incremental_state is not None else None
+        if self.self_attention:
+            q, k, v = (self._heads(t) for t in self.in_proj(query).chunk(3, dim=-1))
+            if cache is not None:
+                k = torch.cat([cache["prev_key"], k], dim=2)
+                v = torch.cat([cache["prev_value"], v], dim=2)
+        else:
+            q = self._heads(self.q_proj(query))
+            k, v = (cache["prev_key"], cache["prev_value"]) if cache is not None else self._project_kv(key)
+        if incremental_state is not None:
+            self.set_incremental_state(incremental_state, "attn_state", {"prev_key": k, "prev_value": v})
+            if self.self_attention:
+                # One decoding step attends to every cached key: no causal mask; decoding prefixes
+                # hold no padding.
+                attn_mask, key_padding_mask = None, None
+        mask = _additive_mask(key_padding_mask, attn_mask, q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        # (B, n·H, T, C/H) -> (n, T·B, C)
+        out = out.view(B, self.num_paths, self.num_heads, T, self.head_dim).permute(1, 3, 0, 2, 4)
+        out = self.out_proj(out.reshape(self.num_paths, T * B, C))
+        return out.view(self.num_paths, T, B, C)
+
+    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
+        """Reorder the cached keys/values along the batch axis (beam search)."""
+        cache = self.get_incremental_state(incremental_state, "attn_state")
+        if cache is not None:
+            cache = {name: t.index_select(0, new_order) for name, t in cache.items()}
+            self.set_incremental_state(incremental_state, "attn_state", cache)
+        return incremental_state
+
+
+def _additive_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype) -> Optional[Tensor]:
+    """Combine a ``(B, S)`` padding mask and a ``(T, S)`` additive mask into a mask broadcastable
+    to ``(B, heads, T, S)`` for ``F.scaled_dot_product_attention``; None when neither is given."""
+    mask = None
+    if key_padding_mask is not None:
+        mask = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
+        mask = mask.masked_fill(key_padding_mask.bool(), float("-inf"))[:, None, None, :]
+    if attn_mask is not None:
+        attn_mask = attn_mask.to(dtype)[None, None]
+        mask = attn_mask if mask is None else mask + attn_mask
+    return mask
+
+
+class MultiPathFFN(nn.Module):
+    """n position-wise FFN paths (Eq. 3), ``C -> ffn_dim -> C`` each, batched: the n first
+    projections form one ``C -> n·ffn_dim`` linear, the n second projections one ``baddbmm``.
+
+    Shapes: input ``(T, B, C)``; output ``(n, T, B, C)``.
+    """
+
+    def __init__(self, num_paths: int, embed_dim: int, ffn_dim: int, activation_fn: str = "relu",
+                 activation_dropout: float = 0.0):
+        super().__init__()
+        self.num_paths, self.ffn_dim = num_paths, ffn_dim
+        self.fc1 = nn.Linear(embed_dim, num_paths * ffn_dim)
+        self.activation_fn = utils.get_activation_fn(activation_fn)
+        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
+        self.fc2 = PathwiseLinear(num_paths, ffn_dim, embed_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        T, B, C = x.shape
+        h = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
+        # (T, B, n·ffn) -> (n, T·B, ffn)
+        h = h.view(T * B, self.num_paths, self.ffn_dim).transpose(0, 1)
+        return self.fc2(h).view(self.num_paths, T, B, C)
+
+
+class PathFusion(nn.Module):
+    """Fuses n path outputs with the residual: Eq. 4 with PathNorm (Eq. 5) and the n
+    leave-one-out averages of Eq. 7 ("more features", only when n >= 3: for n = 2 they would copy
+    the paths, Sec. 3.2).
+
+    Args:
+        num_paths (int): n.
+        embed_dim (int): C.
+        path_norm (bool): PathNorm on every feature (Table 4 "+ PathNorm").
+        path_weights (str): ``learnable`` α and β (Sec. 3.3); ``fixed_inverse`` α = 1/F, β = 1
+            (the "Multi-Path" baseline); ``fixed_inverse_sqrt`` α = 1/√F, β = 1 (Table 4).
+            F is the number of fused features: n, or 2n with more features.
+        alpha_init (str): learnable α's initial value: ``sqrt_features`` 1/√F (our reading of
+            Sec. 3.3's variance argument), or ``sqrt_2n`` the literal 1/√(2n).
+        more_features (bool): add the leave-one-out averages AVG_{-j} = (Σ_i f_i − f_j)/(n − 1).
+        dropout (float): residual dropout, applied once to the fused sum (summary Sec. 5 item 4).
+
+    Raises:
+        ValueError: on an unknown ``path_weights`` / ``alpha_init`` or ``num_paths < 1``.
+    """
+
+    def __init__(self, num_paths: int, embed_dim: int, path_norm: bool = True, path_weights: str = "learnable",
+                 alpha_init: str = "sqrt_features", more_features: bool = True, dropout: float = 0.0):
+        super().__init__()
+        if path_weights not in PATH_WEIGHTS:
+            raise ValueError(f"--path-weights must be one of {PATH_WEIGHTS}, got {path_weights!r}")
+        if alpha_init not in ALPHA_INIT:
+            raise ValueError(f"--path-alpha-init must be one of {ALPHA_INIT}, got {alpha_init!r}")
+        self.num_paths = num_paths
+        self.more_features = more_features and num_paths >= 3
+        self.num_features = 2 * num_paths if self.more_features else num_paths
+        self.path_norm = PathNorm(self.num_features, embed_dim) if path_norm else None
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        alpha = {
+            "learnable": 1 / math.sqrt(self.num_features if alpha_init == "sqrt_features" else 2 * num_paths),
+            "fixed_inverse": 1 / self.num_features,
+            "fixed_inverse_sqrt": 1 / math.sqrt(self.num_features),
+        }[path_weights]
+        alpha, beta = torch.full((self.num_features,), alpha), torch.ones(())
+        if path_weights == "learnable":
+            self.alpha, self.beta = nn.Parameter(alpha), nn.Parameter(beta)
+        else:
+            self.register_buffer("alpha", alpha)
+            self.register_buffer("beta", beta)
+
+    def features(self, paths: Tensor) -> Tensor:
+        """``(n, T, B, C)`` raw path outputs -> ``(F, T, B, C)`` features to normalise and weight."""
+        if not self.more_features:
+            return paths
+        leave_one_out = (paths.sum(0, keepdim=True) - paths) / (self.num_paths - 1)  # Eq. 7
+        return torch.cat([paths, leave_one_out], dim=0)
+
+    def forward(self, residual: Tensor, paths: Tensor) -> Tensor:
+        """residual X ``(T, B, C)``, paths ``(n, T, B, C)`` -> Y ``(T, B, C)`` (Eq. 4)."""
+        feats = self.features(paths)
+        if self.path_norm is not None:
+            fused = self.path_norm.weighted_sum(feats, self.alpha)
+        else:
+            fused = torch.einsum("ftbc,f->tbc", feats, self.alpha.to(feats.dtype))
+        return self.beta.to(residual.dtype) * residual + self.dropout_module(fused)
+
+
+class MultiPathSublayer(nn.Module):
+    """A whole pre-norm multi-path sub-layer: Y = β X + Σ α PathNorm(Func(LN(X))) (Eqs. 4-7).
+
+    One LN shared by all paths: the paper splits the paths after the layer normalisation
+    (summary Sec. 5 item 2).
+
+    Args:
+        paths (nn.Module): a batched multi-path Func (:class:`MultiPathAttention` or
+            :class:`MultiPathFFN`) mapping ``(T, B, C)`` (+ its own keyword arguments) to ``(n, T, B, C)``.
+        fusion (PathFusion): the fusion of Eq. 4/7.
+    """
+
+    def __init__(self, embed_dim: int, paths: nn.Module, fusion: PathFusion):
+        super().__init__()
+        self.layer_norm = LayerNorm(embed_dim)
+        self.paths = paths
+        self.fusion = fusion
+
+    def forward(self, x: Tensor, **path_kwargs) -> Tensor:
+        """x ``(T, B, C)`` -> ``(T, B, C)``; ``path_kwargs`` go to the paths (masks, keys, cache)."""
+        return self.fusion(x, self.paths(self.layer_norm(x), **path_kwargs))

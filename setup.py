@@ -1,0 +1,27 @@
+"""fairseq-widearch: wide Transformer architectures as a fairseq plugin."""
+from setuptools import find_packages, setup
+
+# Upstream fairseq 0.12.2 does not import on Python >= 3.11 (mutable dataclass defaults);
+# ve-fairseq 0.12.3 is a prebuilt cp311 wheel of the same upstream code (imports as `fairseq`).
+FAIRSEQ = [
+    "fairseq==0.12.2; python_version < '3.11'",
+    "ve-fairseq==0.12.3; python_version >= '3.11'",
+]
+
+EXAMPLES = ["sacremoses", "subword-nmt", "sacrebleu>=2.0", "matplotlib"]
+
+setup(
+    name="fairseq-widearch",
+    version="0.1.0",
+    description="Wide-instead-of-deep Transformer architectures for fairseq NMT",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["fairseq_widearch", "fairseq_widearch.*"]),
+    python_requires=">=3.8",
+    install_requires=["torch>=2.0"] + FAIRSEQ,
+    extras_require={
+        "examples": EXAMPLES,
+        "test": ["pytest"] + EXAMPLES,
+    },
+    license="MIT",
+)

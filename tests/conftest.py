@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny real data (a slice of Multi30k) and CLI runners."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fairseq_widearch  # noqa: F401  (registers the plugin)
+from fairseq.models import ARCH_MODEL_REGISTRY
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+BIN = Path(sys.executable).parent
+PLUGIN_MODELS = {cls for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_widearch")}
+#: Every architecture the plugin registers, through its `_tiny` preset.
+TINY_ARCHS = sorted(name for name, cls in ARCH_MODEL_REGISTRY.items()
+                    if cls in PLUGIN_MODELS and name.endswith("_tiny"))
+
+
+def run(cmd, cwd=None, env=None, timeout=600):
+    """Run a command; on failure raise with its output so pytest shows why."""
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
+                             f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def fairseq_cli(tool):
+    return BIN / f"fairseq-{tool}"
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir():
+    if not SHARED_MULTI30K.is_dir():
+        pytest.fail(f"real test data expected at {SHARED_MULTI30K}")
+    return SHARED_MULTI30K
+
+
+@pytest.fixture(scope="session")
+def multi30k_bin(tmp_path_factory, multi30k_dir):
+    """First 1,000 Multi30k En-De training pairs, 1,000 BPE merges, binarized (joined dictionary)."""
+    work = tmp_path_factory.mktemp("multi30k")
+    run([sys.executable, REPO / "examples" / "multi30k" / "prepare.py", "--data-dir", multi30k_dir,
+         "--work-dir", work, "--max-train-lines", 1000, "--bpe-merges", 1000])
+    return work / "bin"
+
+
+TRAIN_FLAGS = ["--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "1024",
+               "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--seed", "1",
+               "--log-format", "simple", "--log-interval", "1", "--no-epoch-checkpoints", "--disable-validation"]
+
+
+def train(data, save_dir, arch, *extra, cwd=None, user_dir=None, max_update=3):
+    return run([fairseq_cli("train"), data, "--user-dir", user_dir or REPO / "fairseq_widearch", "--arch", arch,
+                "--save-dir", save_dir, "--max-update", max_update, *TRAIN_FLAGS, *extra], cwd=cwd)

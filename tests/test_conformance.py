@@ -1,0 +1,146 @@
+"""Conformance suite: every architecture the plugin registers, through its `_tiny` preset."""
+import subprocess
+import sys
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+from fairseq_widearch.model_builder import build_model
+from conftest import REPO, TINY_ARCHS, fairseq_cli, run, train
+
+VOCAB = 40
+PAD = 1
+
+
+def batch(seed=0, bsz=3, src_len=7, tgt_len=6):
+    """A left-padded source batch and a right-padded target prefix, as fairseq's translation task makes."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
+    src_lengths = torch.tensor([src_len - 2] + [src_len] * (bsz - 1))
+    src[0, :2] = PAD
+    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
+    prev[:, 0] = 2  # eos starts every target prefix
+    return src, src_lengths, prev
+
+
+def test_plugin_registers_tiny_presets():
+    assert "multipath_transformer_tiny" in TINY_ARCHS
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_every_parameter_gets_a_finite_gradient(arch):
+    torch.manual_seed(0)
+    model = build_model(arch, vocab_size=VOCAB)
+    src, lengths, prev = batch()
+    logits, _ = model(src, lengths, prev)
+    logits.float().log_softmax(-1).mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} got no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
+        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_incremental_decoding_equals_full_decoding(arch):
+    torch.manual_seed(0)
+    model = build_model(arch, vocab_size=VOCAB).eval()
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        full = model.get_normalized_probs(model.decoder(prev, encoder_out=encoder_out), log_probs=True)
+        state = {}
+        steps = []
+        for t in range(prev.size(1)):
+            out = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+            steps.append(model.get_normalized_probs(out, log_probs=True))
+        incremental = torch.cat(steps, dim=1)
+    assert (full - incremental).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_beam_reordering_of_the_decoding_cache(arch):
+    """Reordering the cache along the batch (beam search) equals decoding the reordered batch."""
+    torch.manual_seed(0)
+    model = build_model(arch, vocab_size=VOCAB).eval()
+    src, lengths, prev = batch()
+    order = torch.tensor([2, 0, 1])
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lengths)
+        state = {}
+        for t in range(3):
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        enc_r = model.encoder.reorder_encoder_out(enc, order)
+        step = model.decoder(prev[order, :4], encoder_out=enc_r, incremental_state=state)[0]
+        full = model.decoder(prev[order, :4], encoder_out=enc_r)[0][:, -1:]
+    assert (step - full).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_half_precision_forward_is_finite(arch, dtype):
+    torch.manual_seed(0)
+    model = build_model(arch, vocab_size=VOCAB).eval().to(dtype)
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        logits, _ = model(src, lengths, prev)
+    assert logits.dtype == dtype
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_save_load_round_trip_gives_identical_outputs(arch, tmp_path):
+    torch.manual_seed(0)
+    model = build_model(arch, vocab_size=VOCAB).eval()
+    path = tmp_path / "model.pt"
+    torch.save({"model": model.state_dict()}, path)
+    torch.manual_seed(1)  # a differently initialised copy
+    other = build_model(arch, vocab_size=VOCAB).eval()
+    other.load_state_dict(torch.load(path)["model"])
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        assert torch.equal(model(src, lengths, prev)[0], other(src, lengths, prev)[0])
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_train_then_generate_on_real_data(arch, multi30k_bin, tmp_path):
+    """fairseq-train --user-dir fairseq_widearch from the repo root, then fairseq-generate, then
+    load_model_ensemble in this process: all through torch's weights-only loading."""
+    save = tmp_path / "ckpt"
+    log = train(multi30k_bin, save, arch, "--user-dir", "fairseq_widearch", cwd=REPO, max_update=4).stdout
+    assert "num_updates 4" in log
+    gen = run([fairseq_cli("generate"), multi30k_bin, "--user-dir", "fairseq_widearch", "--path",
+               save / "checkpoint_last.pt", "--gen-subset", "valid", "--max-sentences", "16", "--beam", "3",
+               "--max-len-b", "10", "--cpu", "--remove-bpe"], cwd=REPO).stdout
+    hyps = [line for line in gen.splitlines() if line.startswith("H-")]
+    sources = [line for line in gen.splitlines() if line.startswith("S-")]
+    assert len(hyps) == len(sources) > 1000
+    models, cfg = checkpoint_utils.load_model_ensemble([str(save / "checkpoint_last.pt")])
+    assert cfg.model.arch == arch and type(models[0]).__module__.startswith("fairseq_widearch")
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_two_rank_data_parallel_ends_with_identical_parameters(arch, multi30k_bin, tmp_path):
+    port = 29500 + (abs(hash(arch)) % 1000)
+    procs = []
+    for rank in range(2):
+        (tmp_path / f"rank{rank}").mkdir()  # fairseq creates the save dir on the master only
+        cmd = [sys.executable, REPO / "tests" / "helpers" / "ddp_worker.py", multi30k_bin,
+               "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", tmp_path / f"rank{rank}",
+               "--max-update", "3", "--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001",
+               "--max-tokens", "512", "--seed", "1", "--disable-validation", "--no-epoch-checkpoints",
+               "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo", "--distributed-world-size", "2",
+               "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-rank", str(rank),
+               "--distributed-no-spawn", "--device-id", "0"]
+        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    states = [torch.load(tmp_path / f"rank{r}" / "checkpoint_last.pt")["model"] for r in range(2)]
+    assert states[0].keys() == states[1].keys()
+    for name in states[0]:
+        assert torch.equal(states[0][name], states[1][name]), f"{name} differs between ranks"
+    # the ranks really trained: parameters moved away from a fresh initialisation
+    assert "num_updates 3" in outs[0]
