@@ -1,0 +1,85 @@
+"""Checkpoints fairseq saved load under torch >= 2.6 with weights-only protection kept on."""
+import os
+import pickle
+import sys
+from argparse import Namespace
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+from conftest import REPO, fairseq_cli, run, train
+
+ARCHS = ["transformer_tiny", "multipath_transformer_tiny"]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def trained(request, multi30k_bin, tmp_path_factory):
+    save = tmp_path_factory.mktemp(request.param)
+    train(multi30k_bin, save, request.param, max_update=2)
+    return request.param, save
+
+
+def test_stock_fairseq_alone_refuses_its_own_checkpoint(trained):
+    """The problem this plugin fixes: without it, torch's weights-only loading rejects fairseq's
+    checkpoints (they hold an argparse.Namespace)."""
+    _, save = trained
+    code = ("import pickle, sys\nfrom fairseq import checkpoint_utils\n"
+            "try:\n    checkpoint_utils.load_checkpoint_to_cpu(sys.argv[1])\n"
+            "except pickle.UnpicklingError:\n    sys.exit(3)\n")
+    proc = __import__("subprocess").run([sys.executable, "-c", code, str(save / "checkpoint_last.pt")])
+    assert proc.returncode == 3
+
+
+def test_load_model_ensemble(trained):
+    arch, save = trained
+    models, cfg = checkpoint_utils.load_model_ensemble([str(save / "checkpoint_last.pt")])
+    assert cfg.model.arch == arch and len(models) == 1
+
+
+def test_training_resumes_from_checkpoint_last(trained, multi30k_bin):
+    arch, save = trained
+    log = train(multi30k_bin, save, arch, max_update=4).stdout
+    assert "Loaded checkpoint" in log and "@ 2 updates" in log
+    assert "num_updates 4" in log
+
+
+def test_fairseq_interactive_translates_with_the_checkpoint(trained, multi30k_bin):
+    _, save = trained
+    proc = __import__("subprocess").run(
+        [str(fairseq_cli("interactive")), str(multi30k_bin), "--user-dir", str(REPO / "fairseq_widearch"),
+         "--path", str(save / "checkpoint_last.pt"), "--cpu", "--beam", "2", "--max-len-b", "5",
+         "--source-lang", "en", "--target-lang", "de"],
+        input="a man is sleeping .\n", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert any(line.startswith("H-0") for line in proc.stdout.splitlines())
+
+
+class _RunsCodeWhenUnpickled:
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+def test_other_pickled_globals_are_still_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"args": Namespace(arch="transformer"), "model": {}, "payload": _RunsCodeWhenUnpickled()}, path)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    with pytest.raises(pickle.UnpicklingError, match="getcwd"):
+        torch.load(path)
+
+
+def test_protection_is_not_switched_off_globally():
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in os.environ
+    import inspect
+    assert inspect.signature(torch.load).parameters["weights_only"].default is None  # torch's own default
+
+
+def test_omegaconf_configs_in_old_checkpoints_load(tmp_path):
+    """fairseq 0.10/0.11 stored the config as an omegaconf DictConfig."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    cfg = convert_namespace_to_omegaconf(Namespace(arch="transformer", task="translation", _name="transformer"))
+    torch.save({"cfg": cfg, "model": {"w": torch.ones(2)}}, tmp_path / "old.pt")
+    state = torch.load(tmp_path / "old.pt")
+    assert state["cfg"].model.arch == "transformer"

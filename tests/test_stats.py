@@ -1,0 +1,36 @@
+"""python -m fairseq_widearch.cli.stats on stock fairseq and plugin architectures."""
+import json
+import sys
+
+from conftest import run
+
+
+def stats(*argv):
+    out = run([sys.executable, "-m", "fairseq_widearch.cli.stats", *argv]).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_stock_deep_prenorm_transformer():
+    deep = stats("--arch", "transformer", "--encoder-layers", "24", "--encoder-normalize-before", "--vocab-size", "1000")
+    base = stats("--arch", "transformer", "--vocab-size", "1000")
+    assert deep["params"] == deep["params_embedding"] + deep["params_encoder"] + deep["params_decoder"]
+    assert deep["params_decoder"] == base["params_decoder"]
+    # 18 more pre-norm encoder layers (3.15M each at d=512) plus the final encoder LayerNorm
+    assert deep["params_encoder"] - base["params_encoder"] == 18 * 3152384 + 1024
+    # per source token each extra layer adds ~3.1M MACs (projections + FFN) plus attention
+    assert 18 * 20 * 3.1e6 < deep["macs"] - base["macs"] < 18 * 20 * 3.3e6
+
+
+def test_plugin_arch_and_its_flags():
+    two = stats("--arch", "multipath_transformer_tiny", "--encoder-paths", "2", "--vocab-size", "100")
+    four = stats("--arch", "multipath_transformer_tiny", "--encoder-paths", "4", "--vocab-size", "100")
+    assert four["params_encoder"] > two["params_encoder"] and four["macs"] > two["macs"]
+    assert four["params_decoder"] == two["params_decoder"]
+    assert two["vocab_size"] == 100 and two["params_embedding"] == 100 * 32 * 2  # untied src/tgt tables
+
+
+def test_bad_flag_value_is_a_clear_error():
+    import subprocess
+    proc = subprocess.run([sys.executable, "-m", "fairseq_widearch.cli.stats", "--arch", "multipath_transformer_tiny",
+                           "--encoder-paths", "0"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "--encoder-paths must be a positive integer, got 0" in proc.stderr
