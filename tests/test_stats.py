@@ -26,7 +26,8 @@ def test_plugin_arch_and_its_flags():
     four = stats("--arch", "multipath_transformer_tiny", "--encoder-paths", "4", "--vocab-size", "100")
     assert four["params_encoder"] > two["params_encoder"] and four["macs"] > two["macs"]
     assert four["params_decoder"] == two["params_decoder"]
-    assert two["vocab_size"] == 100 and two["params_embedding"] == 100 * 32 * 2  # untied src/tgt tables
+    # untied source, target and output tables of 100 x 32
+    assert two["vocab_size"] == 100 and two["params_embedding"] == 3 * 100 * 32
 
 
 def test_bad_flag_value_is_a_clear_error():

@@ -31,16 +31,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "| creating virtualenv $VENV"
-  python3 -m venv "$VENV"
-fi
+VENV="$VENV" bash "$ROOT/examples/setup_venv.sh"
 PY="$VENV/bin/python"
-if ! "$PY" -c "import fairseq_widearch, sacremoses, subword_nmt, sacrebleu" 2>/dev/null; then
-  echo "| installing torch (CPU) and fairseq-widearch into $VENV"
-  "$PY" -m pip install -q torch==2.13.0
-  "$PY" -m pip install -q -e "$ROOT[examples]"
-fi
 
 "$PY" "$ROOT/examples/multi30k/prepare.py" --work-dir "$WORK/data" ${DATA_DIR:+--data-dir "$DATA_DIR"}
 

@@ -21,7 +21,7 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
-from .path_norm import PathNorm
+from .path_norm import FeatureGroups, PathNorm, weighted_feature_sum
 
 PATH_WEIGHTS = ("learnable", "fixed_inverse", "fixed_inverse_sqrt")
 ALPHA_INIT = ("sqrt_features", "sqrt_2n")
@@ -237,20 +237,21 @@ class PathFusion(nn.Module):
             self.register_buffer("alpha", alpha)
             self.register_buffer("beta", beta)
 
-    def features(self, paths: Tensor) -> Tensor:
-        """``(n, T, B, C)`` raw path outputs -> ``(F, T, B, C)`` features to normalise and weight."""
-        if not self.more_features:
-            return paths
-        leave_one_out = (paths.sum(0, keepdim=True) - paths) / (self.num_paths - 1)  # Eq. 7
-        return torch.cat([paths, leave_one_out], dim=0)
+    def feature_groups(self, paths: Tensor) -> FeatureGroups:
+        """``(n, T, B, C)`` raw path outputs -> the F features to normalise and weight, as groups."""
+        groups = [(paths, 1.0)]
+        if self.more_features:
+            # AVG_{-j} = (Σ_i f_i − f_j) / (n − 1) (Eq. 7): one sum, n subtractions, division deferred
+            groups.append((paths.sum(0, keepdim=True) - paths, float(self.num_paths - 1)))
+        return groups
 
     def forward(self, residual: Tensor, paths: Tensor) -> Tensor:
         """residual X ``(T, B, C)``, paths ``(n, T, B, C)`` -> Y ``(T, B, C)`` (Eq. 4)."""
-        feats = self.features(paths)
+        groups = self.feature_groups(paths)
         if self.path_norm is not None:
-            fused = self.path_norm.weighted_sum(feats, self.alpha)
+            fused = self.path_norm(groups, self.alpha)
         else:
-            fused = torch.einsum("ftbc,f->tbc", feats, self.alpha.to(feats.dtype))
+            fused = weighted_feature_sum(groups, self.alpha[:, None])
         return self.beta.to(residual.dtype) * residual + self.dropout_module(fused)
 
 

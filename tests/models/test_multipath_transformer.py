@@ -159,15 +159,17 @@ def test_fixed_path_weights_are_not_trained(mode, alpha):
     torch.testing.assert_close(fusion.alpha, torch.full((6,), alpha))
 
 
-def test_path_norm_weighted_sum_equals_explicit_sum():
+def test_path_norm_equals_explicit_weighted_layer_norms():
+    """Σ_f α_f LayerNorm_f(x_f) over two groups, the second divided by 3 (as Eq. 7's averages)."""
     torch.manual_seed(0)
-    pn = PathNorm(3, D)
+    pn = PathNorm(5, D)
     with torch.no_grad():
         pn.weight.uniform_(0, 2)
         pn.bias.uniform_(-1, 1)
-    x, alpha = torch.randn(3, 4, 2, D), torch.randn(3)
-    expected = sum(alpha[f] * pn(x)[f] for f in range(3))
-    torch.testing.assert_close(pn.weighted_sum(x, alpha), expected, atol=1e-5, rtol=1e-5)
+    x, y, alpha = torch.randn(3, 4, 2, D), torch.randn(2, 4, 2, D) * 1e-2, torch.randn(5)
+    feats = list(x) + list(y / 3)
+    expected = sum(alpha[f] * F.layer_norm(feats[f], (D,), pn.weight[f], pn.bias[f]) for f in range(5))
+    torch.testing.assert_close(pn([(x, 1.0), (y, 3.0)], alpha), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_one_path_without_path_norm_equals_fairseq_pre_norm_encoder_layer():

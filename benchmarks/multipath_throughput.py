@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""Training throughput: 6-layer 4-path multi-path encoder vs the Deep-24 pre-norm Transformer.
+
+Lin et al. 2022 (Table 2) compare them at equal parameters and FLOPs (118M at d = 512); their
+Fig. 8 shows the multi-path model training *slower* than the deep one. Here both are built at a
+width reduced to fit this CPU (same width, heads, FFN ratio and 6-layer decoder for both) and
+trained in one process, alternating rounds of ``--steps`` updates each, on the same batches, so
+machine noise hits both alike. Prints tokens/s of each and their ratio; the last line is one JSON
+object with the figures and ``ratio`` = multi-path tokens/s / deep tokens/s (target >= 1.0).
+
+    python benchmarks/multipath_throughput.py [--dim 128] [--rounds 5] [--steps 5]
+"""
+import argparse
+import json
+import time
+
+import torch
+
+import fairseq_widearch  # noqa: F401  (registers the plugin)
+from fairseq_widearch.cli.stats import count_macs, param_counts
+from fairseq_widearch.model_builder import build_model
+
+
+def width_flags(dim, heads):
+    return ["--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
+            "--encoder-ffn-embed-dim", str(4 * dim), "--decoder-ffn-embed-dim", str(4 * dim),
+            "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads),
+            "--dropout", "0.1", "--share-all-embeddings"]
+
+
+def models(dim, heads, vocab):
+    common = width_flags(dim, heads)
+    return {
+        "multipath_6l_4p": build_model("multipath_transformer_6l_4p", common, vocab_size=vocab),
+        "deep24": build_model("transformer", common + ["--encoder-layers", "24", "--encoder-normalize-before",
+                                                       "--decoder-normalize-before"], vocab_size=vocab),
+    }
+
+
+def make_batches(n, bsz, src_len, tgt_len, vocab, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(4, vocab, (bsz, src_len), generator=g), torch.full((bsz,), src_len),
+             torch.randint(4, vocab, (bsz, tgt_len), generator=g), torch.randint(4, vocab, (bsz, tgt_len), generator=g))
+            for _ in range(n)]
+
+
+def train_steps(model, optimizer, batches):
+    """One optimizer update per batch (forward, cross-entropy, backward, Adam); returns seconds."""
+    start = time.perf_counter()
+    for src, lengths, prev, target in batches:
+        optimizer.zero_grad(set_to_none=True)
+        logits, _ = model(src, lengths, prev)
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), target.view(-1))
+        loss.backward()
+        optimizer.step()
+    return time.perf_counter() - start
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dim", type=int, default=128, help="model width d (paper: 512)")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=8000, help="joined vocabulary (Multi30k-sized BPE)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    p.add_argument("--src-len", type=int, default=20)
+    p.add_argument("--tgt-len", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds")
+    p.add_argument("--steps", type=int, default=5, help="updates per model per round")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    torch.manual_seed(0)
+    ms = models(args.dim, args.heads, args.vocab)
+    stats = {name: {**param_counts(m), "macs": count_macs(m, args.src_len, args.tgt_len)} for name, m in ms.items()}
+    for m in ms.values():
+        m.train()
+    opts = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in ms.items()}
+    batches = make_batches(args.steps, args.batch_size, args.src_len, args.tgt_len, args.vocab)
+    tokens_per_round = args.steps * args.batch_size * (args.src_len + args.tgt_len)
+
+    for name in ms:  # warm-up (allocator, kernels) outside the measurement
+        train_steps(ms[name], opts[name], batches[:1])
+    seconds = dict.fromkeys(ms, 0.0)
+    for r in range(args.rounds):
+        order = list(ms) if r % 2 == 0 else list(reversed(ms))  # alternate who goes first
+        for name in order:
+            seconds[name] += train_steps(ms[name], opts[name], batches)
+    result = {"dim": args.dim, "threads": torch.get_num_threads(), "rounds": args.rounds, "steps": args.steps}
+    for name in ms:
+        tps = args.rounds * tokens_per_round / seconds[name]
+        result[name] = {"tokens_per_s": round(tps, 1), **stats[name]}
+        print(f"{name:>16}: {tps:9.1f} tokens/s  params {stats[name]['params'] / 1e6:.2f}M  "
+              f"MACs(20+20) {stats[name]['macs'] / 1e6:.1f}M")
+    result["ratio"] = round(result["multipath_6l_4p"]["tokens_per_s"] / result["deep24"]["tokens_per_s"], 3)
+    print(f"ratio multipath/deep = {result['ratio']}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
