@@ -8,10 +8,19 @@ trained in one process, alternating rounds of ``--steps`` updates each, on the s
 machine noise hits both alike. Prints tokens/s of each and their ratio; the last line is one JSON
 object with the figures and ``ratio`` = multi-path tokens/s / deep tokens/s (target >= 1.0).
 
+glibc's malloc returns large freed blocks to the OS, so every big transient tensor costs fresh
+page faults; the multi-path model's tensors are n times larger than the deep model's and suffer
+more. The measurement therefore runs twice, each in a fresh process: with glibc's defaults
+(``ratio_default_malloc``) and with ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` raised so
+freed memory is reused (``ratio``; the setting ``examples/multi30k/quickstart.sh`` trains with).
+
     python benchmarks/multipath_throughput.py [--dim 128] [--rounds 5] [--steps 5]
 """
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -56,21 +65,14 @@ def train_steps(model, optimizer, batches):
     return time.perf_counter() - start
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dim", type=int, default=128, help="model width d (paper: 512)")
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=8000, help="joined vocabulary (Multi30k-sized BPE)")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
-    p.add_argument("--src-len", type=int, default=20)
-    p.add_argument("--tgt-len", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=5, help="alternating rounds")
-    p.add_argument("--steps", type=int, default=5, help="updates per model per round")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    args = p.parse_args(argv)
+#: glibc settings that keep freed memory in the process (1 GB thresholds), see the module docstring.
+REUSE_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000"}
+
+
+def measure(args):
+    """Train both models alternately in this process; return the figures as a dict."""
     if args.threads:
         torch.set_num_threads(args.threads)
-
     torch.manual_seed(0)
     ms = models(args.dim, args.heads, args.vocab)
     stats = {name: {**param_counts(m), "macs": count_macs(m, args.src_len, args.tgt_len)} for name, m in ms.items()}
@@ -87,15 +89,49 @@ def main(argv=None):
         order = list(ms) if r % 2 == 0 else list(reversed(ms))  # alternate who goes first
         for name in order:
             seconds[name] += train_steps(ms[name], opts[name], batches)
-    result = {"dim": args.dim, "threads": torch.get_num_threads(), "rounds": args.rounds, "steps": args.steps}
+    result = {}
     for name in ms:
-        tps = args.rounds * tokens_per_round / seconds[name]
-        result[name] = {"tokens_per_s": round(tps, 1), **stats[name]}
-        print(f"{name:>16}: {tps:9.1f} tokens/s  params {stats[name]['params'] / 1e6:.2f}M  "
-              f"MACs(20+20) {stats[name]['macs'] / 1e6:.1f}M")
+        result[name] = {"tokens_per_s": round(args.rounds * tokens_per_round / seconds[name], 1), **stats[name]}
     result["ratio"] = round(result["multipath_6l_4p"]["tokens_per_s"] / result["deep24"]["tokens_per_s"], 3)
-    print(f"ratio multipath/deep = {result['ratio']}")
-    print(json.dumps(result))
+    return result
+
+
+def run_child(argv, extra_env):
+    env = {**os.environ, **extra_env}
+    out = subprocess.run([sys.executable, __file__, "--child", *argv], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dim", type=int, default=128, help="model width d (paper: 512)")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=8000, help="joined vocabulary (Multi30k-sized BPE)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    p.add_argument("--src-len", type=int, default=20)
+    p.add_argument("--tgt-len", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds")
+    p.add_argument("--steps", type=int, default=5, help="updates per model per round")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(measure(args)))
+        return
+    child_argv = [a for a in (argv if argv is not None else sys.argv[1:])]
+    default = run_child(child_argv, {})
+    reuse = run_child(child_argv, REUSE_FREED_MEMORY)
+    for label, res in (("glibc default malloc", default), ("freed memory reused", reuse)):
+        print(f"-- {label}")
+        for name in ("multipath_6l_4p", "deep24"):
+            r = res[name]
+            print(f"{name:>16}: {r['tokens_per_s']:9.1f} tokens/s  params {r['params'] / 1e6:.2f}M  "
+                  f"MACs(20+20) {r['macs'] / 1e6:.1f}M")
+        print(f"ratio multipath/deep = {res['ratio']}")
+    summary = {"dim": args.dim, "threads": torch.get_num_threads(), "rounds": args.rounds, "steps": args.steps,
+               **reuse, "ratio_default_malloc": default["ratio"], "default_malloc": default}
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
