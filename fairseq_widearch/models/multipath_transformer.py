@@ -32,6 +32,7 @@ from ..modules.multi_path import (
     MultiPathSublayer,
     PathFusion,
 )
+from .presets import set_defaults
 from .validation import require, require_positive, validate_transformer_sizes
 
 
@@ -192,10 +193,7 @@ class MultiPathTransformerModel(TransformerModel):
 @register_model_architecture("multipath_transformer", "multipath_transformer")
 def multipath_transformer(args):
     """Base preset: Table 2's shape (d = 512, FFN 2048, 8 heads, 6+6 layers), pre-norm, 2 encoder paths."""
-    for name, default in _MULTIPATH_DEFAULTS.items():
-        setattr(args, name, getattr(args, name, default))
-    args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
-    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
+    set_defaults(args, **_MULTIPATH_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True)
     base_architecture(args)
 
 
@@ -203,9 +201,7 @@ def _table2_preset(layers: int, paths: int):
     """Table 2 row: ``layers`` encoder layers of ``paths`` paths, 6-layer decoder, shared vocabulary."""
 
     def preset(args):
-        args.encoder_layers = getattr(args, "encoder_layers", layers)
-        args.encoder_paths = getattr(args, "encoder_paths", paths)
-        args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
+        set_defaults(args, encoder_layers=layers, encoder_paths=paths, share_all_embeddings=True)
         multipath_transformer(args)
 
     preset.__doc__ = f"Lin et al. 2022, Table 2: {layers}-layer {paths}-path encoder, 6-layer decoder."
@@ -223,26 +219,14 @@ for _layers, _paths in TABLE2:
 def multipath_transformer_multi30k(args):
     """Quick-start size for Multi30k on 2 CPU cores: d = 128, FFN 512, 3-layer 2-path encoder,
     3-layer decoder, shared vocabulary."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 128)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 512)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.encoder_layers = getattr(args, "encoder_layers", 3)
-    args.decoder_layers = getattr(args, "decoder_layers", 3)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
-    args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
-    args.dropout = getattr(args, "dropout", 0.1)
+    set_defaults(args, encoder_embed_dim=128, encoder_ffn_embed_dim=512, encoder_attention_heads=4,
+                 encoder_layers=3, decoder_layers=3, decoder_attention_heads=4, share_all_embeddings=True)
     multipath_transformer(args)
 
 
 @register_model_architecture("multipath_transformer", "multipath_transformer_tiny")
 def multipath_transformer_tiny(args):
     """Tiny model for tests: 3 encoder paths (so more features are on), 2 decoder paths."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 64)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.encoder_layers = getattr(args, "encoder_layers", 2)
-    args.encoder_paths = getattr(args, "encoder_paths", 3)
-    args.decoder_layers = getattr(args, "decoder_layers", 2)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
-    args.decoder_paths = getattr(args, "decoder_paths", 2)
+    set_defaults(args, encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=4, encoder_layers=2,
+                 encoder_paths=3, decoder_layers=2, decoder_attention_heads=4, decoder_paths=2)
     multipath_transformer(args)
