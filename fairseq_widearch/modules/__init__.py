@@ -1,5 +1,8 @@
 """Reusable building blocks, each named by its paper's term."""
-from .multi_path import MultiPathAttention, MultiPathFFN, MultiPathSublayer, PathFusion, PathwiseLinear
+from .batched_linear import BatchedLinear
+from .moe import MoELayer, Routing, TopKRouter
+from .multi_path import MultiPathAttention, MultiPathFFN, MultiPathSublayer, PathFusion
 from .path_norm import PathNorm
 
-__all__ = ["MultiPathAttention", "MultiPathFFN", "MultiPathSublayer", "PathFusion", "PathNorm", "PathwiseLinear"]
+__all__ = ["BatchedLinear", "MoELayer", "MultiPathAttention", "MultiPathFFN", "MultiPathSublayer", "PathFusion",
+           "PathNorm", "Routing", "TopKRouter"]

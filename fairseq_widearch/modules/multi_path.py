@@ -21,36 +21,11 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
+from .batched_linear import BatchedLinear
 from .path_norm import FeatureGroups, PathNorm, weighted_feature_sum
 
 PATH_WEIGHTS = ("learnable", "fixed_inverse", "fixed_inverse_sqrt")
 ALPHA_INIT = ("sqrt_features", "sqrt_2n")
-
-
-class PathwiseLinear(nn.Module):
-    """n independent ``Linear(in_features, out_features)``, one per path, as one ``baddbmm``.
-
-    Shapes: input ``(n, N, in_features)``; output ``(n, N, out_features)``.
-    Initialised per path like ``nn.Linear`` (Kaiming-uniform, a=√5) or, with ``xavier_gain``,
-    like fairseq's attention projections (Xavier-uniform, zero bias).
-    """
-
-    def __init__(self, num_paths: int, in_features: int, out_features: int, xavier_gain: Optional[float] = None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_paths, in_features, out_features))
-        self.bias = nn.Parameter(torch.empty(num_paths, out_features))
-        for i in range(num_paths):
-            # weight[i] is (in, out); the init functions expect nn.Linear's (out, in) layout.
-            w, b = self.weight[i].T, self.bias[i]
-            if xavier_gain is None:
-                nn.init.kaiming_uniform_(w, a=math.sqrt(5))
-                nn.init.uniform_(b, -1 / math.sqrt(in_features), 1 / math.sqrt(in_features))
-            else:
-                nn.init.xavier_uniform_(w, gain=xavier_gain)
-                nn.init.zeros_(b)
-
-    def forward(self, x):
-        return torch.baddbmm(self.bias[:, None].to(x.dtype), x, self.weight.to(x.dtype))
 
 
 def _xavier_blocks_(weight: Tensor, block: int, gain: float):
@@ -96,7 +71,7 @@ class MultiPathAttention(nn.Module):
             self.kv_proj = nn.Linear(kdim or embed_dim, 2 * width)
             _xavier_blocks_(self.q_proj.weight, embed_dim, gain)
             _xavier_blocks_(self.kv_proj.weight, embed_dim, gain)
-        self.out_proj = PathwiseLinear(num_paths, embed_dim, embed_dim, xavier_gain=1.0)
+        self.out_proj = BatchedLinear(num_paths, embed_dim, embed_dim, xavier_gain=1.0)
 
     def _heads(self, x):
         # (L, B, n·C) -> (B, n·H, L, C/H); heads are path-major so path i owns heads i·H..(i+1)·H-1
@@ -182,7 +157,7 @@ class MultiPathFFN(nn.Module):
         self.fc1 = nn.Linear(embed_dim, num_paths * ffn_dim)
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
-        self.fc2 = PathwiseLinear(num_paths, ffn_dim, embed_dim)
+        self.fc2 = BatchedLinear(num_paths, ffn_dim, embed_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         T, B, C = x.shape

@@ -1,0 +1,33 @@
+"""n independent linear maps computed as one batched matmul (multi-path sub-layers, MoE experts)."""
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+
+class BatchedLinear(nn.Module):
+    """n independent ``Linear(in_features, out_features)`` (one per path of a multi-path
+    sub-layer, or one per expert of an MoE layer) computed as one ``baddbmm``.
+
+    Shapes: input ``(n, N, in_features)``; output ``(n, N, out_features)``.
+    Each linear is initialised like ``nn.Linear`` (Kaiming-uniform, a=√5) or, with ``xavier_gain``,
+    like fairseq's attention projections (Xavier-uniform, zero bias).
+    """
+
+    def __init__(self, num_linears: int, in_features: int, out_features: int, xavier_gain: Optional[float] = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_linears, in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(num_linears, out_features))
+        for i in range(num_linears):
+            # weight[i] is (in, out); the init functions expect nn.Linear's (out, in) layout.
+            w, b = self.weight[i].T, self.bias[i]
+            if xavier_gain is None:
+                nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+                nn.init.uniform_(b, -1 / math.sqrt(in_features), 1 / math.sqrt(in_features))
+            else:
+                nn.init.xavier_uniform_(w, gain=xavier_gain)
+                nn.init.zeros_(b)
+
+    def forward(self, x):
+        return torch.baddbmm(self.bias[:, None].to(x.dtype), x, self.weight.to(x.dtype))

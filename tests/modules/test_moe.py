@@ -1,0 +1,148 @@
+"""MoE layer and top-k router (Xue et al. 2022, Eqs. 1-5)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fairseq_widearch.modules import MoELayer, TopKRouter
+
+D, FFN = 8, 16
+
+
+def make_moe(experts=4, k=2, capacity_factor=1.2, eval_capacity_factor=0.0, noise=False, **kw):
+    router = TopKRouter(D, experts, k, capacity_factor, eval_capacity_factor, noise=noise, **kw)
+    return MoELayer(D, FFN, router)
+
+
+def dense_ffn(moe, i, x):
+    """Expert i of ``moe`` applied as a plain FFN."""
+    h = F.relu(x @ moe.fc1.weight[i] + moe.fc1.bias[i])
+    return h @ moe.fc2.weight[i] + moe.fc2.bias[i]
+
+
+def route_everything_to(moe, expert):
+    """Router weights that send every positive input to ``expert`` first."""
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[expert] = 1.0
+
+
+def test_one_expert_top1_unlimited_equals_dense_ffn():
+    torch.manual_seed(0)
+    moe = make_moe(experts=1, k=1, eval_capacity_factor=0.0).eval()
+    x = torch.randn(5, 3, D)
+    y, routing = moe(x)
+    torch.testing.assert_close(y, dense_ffn(moe, 0, x), atol=1e-5, rtol=1e-5)
+    assert routing.kept.all()
+
+
+def test_balance_loss_on_a_hand_built_routing():
+    """l = E Σ_i m_i P_i, m_i = fraction of tokens assigned to i, P_i = mean router probability."""
+    torch.manual_seed(0)
+    moe = make_moe(experts=3, k=1)
+    x = torch.randn(6, D)
+    routing = moe.router(x)
+    probs = (x @ moe.router.weight.t()).softmax(-1)
+    m = torch.bincount(probs.argmax(-1), minlength=3).float() / 6
+    torch.testing.assert_close(routing.balance_loss, 3 * (m * probs.mean(0)).sum())
+    # uniform routing and probabilities reach the minimum k
+    with torch.no_grad():
+        moe.router.weight.zero_()
+    assert moe.router(x).balance_loss.item() == pytest.approx(1.0)
+
+
+def test_capacity_drops_exactly_the_over_capacity_tokens():
+    torch.manual_seed(0)
+    moe = make_moe(experts=2, k=1, capacity_factor=1.0).train()
+    route_everything_to(moe, 0)
+    x = torch.rand(10, 1, D) + 0.1  # positive, so expert 0 wins for every token
+    y, routing = moe(x)
+    capacity = math.ceil(1.0 * 1 * 10 / 2)
+    assert routing.capacity == capacity
+    assert routing.kept.tolist() == [True] * capacity + [False] * (10 - capacity)  # batch order
+    gates = routing.gate[:capacity, None]
+    torch.testing.assert_close(y[:capacity, 0], gates * dense_ffn(moe, 0, x[:capacity, 0]), atol=1e-5, rtol=1e-5)
+    assert (y[capacity:] == 0).all()
+
+
+def test_first_choices_are_served_before_second_choices():
+    """Each expert's buffer takes its first-choice tokens in batch order, then second choices."""
+    torch.manual_seed(0)
+    moe = make_moe(experts=2, k=2, capacity_factor=0.5).train()  # B = ceil(0.5 * 2 * 8 / 2) = 4
+    routing = moe.router(torch.randn(8, D))
+    expert, kept = routing.expert.view(2, 8), routing.kept.view(2, 8)  # (choice, token)
+    for e in range(2):
+        queue = [(c, t) for c in range(2) for t in range(8) if expert[c, t] == e]
+        served = [(c, t) for c, t in queue if kept[c, t]]
+        assert served == queue[:routing.capacity]
+
+
+def test_padding_changes_neither_loss_nor_loads_nor_outputs():
+    torch.manual_seed(0)
+    moe = make_moe(experts=4, k=2, capacity_factor=1.0).train()
+    x = torch.randn(5, 2, D)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, 3:] = True
+    x_padded = torch.cat([x, torch.randn(3, 2, D)], dim=0)  # three more padded steps
+    x_padded = torch.cat([x_padded, torch.randn(8, 1, D)], dim=1)  # and one all-padding sentence
+    pad_padded = torch.ones(3, 8, dtype=torch.bool)
+    pad_padded[:2, :5] = pad
+    y, r = moe(x, pad)
+    y2, r2 = moe(x_padded, pad_padded)
+    torch.testing.assert_close(r.balance_loss, r2.balance_loss)
+    assert torch.equal(torch.bincount(r.expert[r.kept], minlength=4), torch.bincount(r2.expert[r2.kept], minlength=4))
+    torch.testing.assert_close(y2[:5, :2][~pad.t()], y[~pad.t()])
+    assert (y[pad.t()] == 0).all() and (y2[pad_padded.t()] == 0).all()
+
+
+def test_every_expert_parameter_gets_a_gradient_even_without_tokens():
+    torch.manual_seed(0)
+    moe = make_moe(experts=3, k=1).train()
+    route_everything_to(moe, 0)
+    y, routing = moe(torch.rand(6, 2, D) + 0.1)
+    (y.sum() + routing.balance_loss).backward()
+    for name, p in moe.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert moe.fc1.weight.grad[0].abs().sum() > 0 and moe.fc1.weight.grad[1:].abs().sum() == 0
+    assert moe.router.weight.grad.abs().sum() > 0  # through the gates and the balance loss
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_router_math_stays_fp32_for_half_inputs(dtype):
+    torch.manual_seed(0)
+    moe = make_moe().to(dtype).eval()
+    y, routing = moe(torch.randn(4, 2, D, dtype=dtype))
+    assert y.dtype == dtype and torch.isfinite(y).all()
+    assert routing.gate.dtype == torch.float32 and routing.balance_loss.dtype == torch.float32
+
+
+def test_eval_capacity_does_not_drop_by_default():
+    moe = make_moe(experts=2, k=1, capacity_factor=0.1).eval()
+    route_everything_to(moe, 0)
+    _, routing = moe(torch.rand(9, 1, D) + 0.1)
+    assert routing.kept.all()
+
+
+def test_reused_routing_routes_nothing_again():
+    torch.manual_seed(0)
+    moe = make_moe().eval()
+    x = torch.randn(4, 2, D)
+    y, routing = moe(x)
+    with torch.no_grad():
+        moe.router.weight.mul_(-1)  # this router now routes differently...
+    assert not torch.equal(moe(x)[1].expert, routing.expert)
+    y_reused, same = moe(x, routing=routing)  # ...but a reused routing is not recomputed
+    assert same is routing
+    torch.testing.assert_close(y_reused, y)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(experts=2, k=3), "--moe-top-k must be in [1, --moe-experts=2], got 3"),
+    (dict(experts=0, k=1), "--moe-experts must be >= 1, got 0"),
+    (dict(capacity_factor=0.0), "--moe-capacity-factor must be > 0, got 0.0"),
+    (dict(eval_capacity_factor=-1.0), "--moe-eval-capacity-factor must be >= 0"),
+])
+def test_invalid_router_configs(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        make_moe(**kwargs)
