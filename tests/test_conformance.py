@@ -60,11 +60,13 @@ def test_incremental_decoding_equals_full_decoding(arch):
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_beam_reordering_of_the_decoding_cache(arch):
-    """Reordering the cache along the batch (beam search) equals decoding the reordered batch."""
+    """Reordering the cache among the beams of one sentence (beam search) equals decoding the
+    reordered beams from scratch."""
     torch.manual_seed(0)
     model = build_model(arch, vocab_size=VOCAB).eval()
     src, lengths, prev = batch()
-    order = torch.tensor([2, 0, 1])
+    src, lengths = src[1:2].expand(3, -1), lengths[1:2].expand(3)  # three beams of one sentence
+    order = torch.tensor([2, 0, 0])
     with torch.no_grad():
         enc = model.encoder(src, src_lengths=lengths)
         state = {}

@@ -1,2 +1,5 @@
 """Training criteria (auxiliary losses are read from the model's ``extra`` output)."""
-__all__ = []
+from . import moe_label_smoothed_cross_entropy
+from .moe_label_smoothed_cross_entropy import MoELabelSmoothedCrossEntropyCriterion
+
+__all__ = ["moe_label_smoothed_cross_entropy", "MoELabelSmoothedCrossEntropyCriterion"]

@@ -24,6 +24,7 @@ from fairseq.models.transformer import (
     base_architecture,
 )
 
+from ..modules.encoder_layer import EncoderLayer
 from ..modules.multi_path import (
     ALPHA_INIT,
     PATH_WEIGHTS,
@@ -86,7 +87,7 @@ def _ffn(cfg, side, num_paths: int) -> MultiPathFFN:
                         cfg.activation_dropout or cfg.relu_dropout or 0.0)
 
 
-class MultiPathEncoderLayer(nn.Module):
+class MultiPathEncoderLayer(EncoderLayer):
     """Pre-norm encoder layer of two multi-path sub-layers: self-attention, then FFN (Eqs. 4-7)."""
 
     def __init__(self, cfg):
@@ -100,9 +101,6 @@ class MultiPathEncoderLayer(nn.Module):
         """x ``(src_len, batch, C)``, encoder_padding_mask ``(batch, src_len)`` -> ``(src_len, batch, C)``."""
         x = self.self_attn(x, key_padding_mask=encoder_padding_mask)
         return self.ffn(x)
-
-    def upgrade_state_dict_named(self, state_dict, name):
-        """Called by fairseq's encoder on every layer; this layer has no legacy names to rename."""
 
 
 class MultiPathDecoderLayer(nn.Module):

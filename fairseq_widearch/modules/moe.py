@@ -37,6 +37,7 @@ class Routing:
         slot: ``(k·N,)`` position of each assignment in its expert's buffer.
         kept: ``(k·N,)`` bool, False for assignments beyond the expert's capacity (dropped).
         capacity: B, buffer size per expert.
+        num_experts: E.
         balance_loss: scalar fp32 l = E · Σ_i m_i P_i (Eq. 3).
     """
 
@@ -46,6 +47,7 @@ class Routing:
     slot: Tensor
     kept: Tensor
     capacity: int
+    num_experts: int
     balance_loss: Tensor
 
 
@@ -110,7 +112,7 @@ class TopKRouter(nn.Module):
         # P_i = mean router probability of expert i over the same tokens.
         m = one_hot.sum(dim=0).float() / max(N, 1)
         balance_loss = E * (m * probs.mean(dim=0)).sum() if N > 0 else probs.sum() * 0
-        return Routing(expert, token, gate, slot, slot < capacity, capacity, balance_loss)
+        return Routing(expert, token, gate, slot, slot < capacity, capacity, E, balance_loss)
 
 
 class MoELayer(nn.Module):
@@ -142,6 +144,14 @@ class MoELayer(nn.Module):
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
 
+    def with_router(self, router: TopKRouter) -> "MoELayer":
+        """A layer with these very experts (shared modules) behind another router."""
+        layer = MoELayer.__new__(MoELayer)
+        nn.Module.__init__(layer)
+        layer.router, layer.fc1, layer.fc2 = router, self.fc1, self.fc2
+        layer.activation_fn, layer.activation_dropout_module = self.activation_fn, self.activation_dropout_module
+        return layer
+
     def experts(self, buffer: Tensor) -> Tensor:
         """``(E, B, d)`` dispatched tokens -> ``(E, B, d)`` expert outputs."""
         return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(buffer))))
@@ -150,11 +160,13 @@ class MoELayer(nn.Module):
         T, B, d = x.shape
         flat = x.reshape(T * B, d)
         # (T, B) -> rows of the non-padding tokens in the flattened batch
-        rows = (~padding_mask.t().reshape(-1)).nonzero().squeeze(1) if padding_mask is not None else None
+        rows = None
+        if padding_mask is not None and padding_mask.any():
+            rows = (~padding_mask.t().reshape(-1)).nonzero().squeeze(1)
         tokens = flat.index_select(0, rows) if rows is not None else flat
         if routing is None:
             routing = self.router(tokens)
-        E, cap = self.router.num_experts, routing.capacity
+        E, cap = routing.num_experts, routing.capacity
         kept = routing.kept.nonzero().squeeze(1)
         where = routing.expert[kept] * cap + routing.slot[kept]  # flat buffer position
         token = routing.token[kept]

@@ -1,6 +1,7 @@
 """multipath_transformer (Lin et al. 2022): equivalences, Eq. 4-7, presets and config errors."""
 import math
 import re
+import subprocess
 
 import pytest
 import torch
@@ -260,8 +261,9 @@ def test_post_norm_multi_path_layers_are_refused(side, paths):
 
 
 def test_unknown_preset_is_refused_by_fairseq_train(multi30k_bin, tmp_path):
-    with pytest.raises(AssertionError, match="invalid choice: 'multipath_transformer_7l_9p'"):
-        train(multi30k_bin, tmp_path, "multipath_transformer_7l_9p")
+    proc = subprocess.run([str(fairseq_cli("train")), str(multi30k_bin), "--user-dir", str(REPO / "fairseq_widearch"),
+                           "--arch", "multipath_transformer_7l_9p"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "invalid choice: 'multipath_transformer_7l_9p'" in proc.stderr
     with pytest.raises(ValueError, match="'multipath_transformer_7l_9p' is not a registered architecture"):
         build_model("multipath_transformer_7l_9p")
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env python
+"""MoE layer cost against its ideal: forward + backward of the MoE layer (E = 4, K = 2, C = 1.2,
+training mode, router noise on) versus K·C times a dense FFN of the same d_ffn.
+
+With capacity factor C, the E experts process up to K·C·N token slots for N tokens, so K·C dense
+FFNs over the N tokens are the ideal cost; routing, dispatch and combine are the overhead. Both
+run in one process, alternating, on the same input. The last line is one JSON object with the
+figures and ``ratio`` = MoE time / (K·C × dense time); target <= 1.15 (>= 85% of the ideal).
+
+    python benchmarks/moe_throughput.py [--tokens 4096] [--dim 256] [--ffn 1024]
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from fairseq_widearch.modules import MoELayer, TopKRouter
+
+
+def fwd_bwd_seconds(fn, x, repeats):
+    start = time.perf_counter()
+    for _ in range(repeats):
+        out = fn(x)
+        out.sum().backward()
+    return time.perf_counter() - start
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=4096, help="N, tokens per call (T x B)")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--ffn", type=int, default=1024)
+    p.add_argument("--experts", type=int, default=4)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--capacity-factor", type=float, default=1.2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5, help="calls per model per round")
+    args = p.parse_args(argv)
+
+    torch.manual_seed(0)
+    router = TopKRouter(args.dim, args.experts, args.top_k, args.capacity_factor)
+    moe = MoELayer(args.dim, args.ffn, router).train()
+    fc1, fc2 = torch.nn.Linear(args.dim, args.ffn), torch.nn.Linear(args.ffn, args.dim)
+    x = torch.randn(args.tokens, 1, args.dim, requires_grad=True)
+
+    def moe_fn(inp):
+        y, routing = moe(inp)
+        return y + routing.balance_loss
+
+    def dense_fn(inp):
+        return fc2(F.relu(fc1(inp)))
+
+    for fn in (moe_fn, dense_fn):  # warm-up
+        fwd_bwd_seconds(fn, x, 2)
+    seconds = {"moe": 0.0, "dense": 0.0}
+    for r in range(args.rounds):
+        for name in (("moe", "dense") if r % 2 == 0 else ("dense", "moe")):
+            seconds[name] += fwd_bwd_seconds(moe_fn if name == "moe" else dense_fn, x, args.repeats)
+    calls = args.rounds * args.repeats
+    moe_ms, dense_ms = 1e3 * seconds["moe"] / calls, 1e3 * seconds["dense"] / calls
+    ideal_ms = args.top_k * args.capacity_factor * dense_ms
+    ratio = moe_ms / ideal_ms
+    print(f"MoE (E={args.experts}, K={args.top_k}, C={args.capacity_factor}): {moe_ms:.2f} ms  "
+          f"dense FFN: {dense_ms:.2f} ms  ideal K*C*dense: {ideal_ms:.2f} ms")
+    print(f"ratio MoE / ideal = {ratio:.3f} (target <= 1.15)")
+    print(json.dumps({"tokens": args.tokens, "dim": args.dim, "ffn": args.ffn, "experts": args.experts,
+                      "top_k": args.top_k, "capacity_factor": args.capacity_factor,
+                      "threads": torch.get_num_threads(), "moe_ms": round(moe_ms, 3),
+                      "dense_ms": round(dense_ms, 3), "ideal_ms": round(ideal_ms, 3), "ratio": round(ratio, 3),
+                      "target": "<= 1.15"}))
+
+
+if __name__ == "__main__":
+    main()

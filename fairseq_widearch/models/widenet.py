@@ -1,0 +1,443 @@
+"""WideNet (Xue et al. 2022, "Go Wider Instead of Deeper", AAAI 2022) for encoder-decoder NMT.
+
+Each stack shares one attention and one Mixture-of-Experts layer (router included) across all
+of its blocks; only the LayerNorms stay per block, so the same shared weights see differently
+normalised inputs at every depth (Sec. 3.2, Eq. 6, pre-norm):
+
+    x = MHA(LN_i^att(x)) + x;   x = MoE(LN_i^moe(x)) + x      (block i)
+
+The paper tests encoders only; for the decoder we apply the same scheme to self-attention,
+cross-attention and the MoE (docs/widenet.md). Balance losses of every routing call travel in
+``encoder_out`` / the decoder's ``extra`` (keys ``moe_balance_loss``, ``moe_dropped``,
+``moe_load``) and are summed by ``moe_label_smoothed_cross_entropy`` (Eq. 8).
+"""
+from dataclasses import dataclass, field, fields
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+from fairseq import utils
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+)
+from fairseq.modules import LayerNorm, MultiheadAttention
+from fairseq.modules.fairseq_dropout import FairseqDropout
+from torch import Tensor
+
+from ..modules.encoder_layer import EncoderLayer
+from ..modules.moe import MoELayer, Routing, TopKRouter
+from ..modules.sharing import share_parameters
+from .presets import set_defaults
+from .validation import require, require_positive, validate_transformer_sizes
+
+#: Keys of the auxiliary MoE outputs, each a list with one entry per routing call.
+MOE_KEYS = ("moe_balance_loss", "moe_dropped", "moe_load")
+
+
+@dataclass
+class WideNetConfig(TransformerConfig):
+    """Flags of ``widenet`` on top of fairseq's :class:`TransformerConfig`."""
+
+    moe_experts: int = field(default=4, metadata={"help": "E, experts of the shared MoE layer (Eq. 1)"})
+    moe_top_k: int = field(default=2, metadata={"help": "K, experts per token (TopK of Eq. 2)"})
+    moe_capacity_factor: float = field(
+        default=1.2, metadata={"help": "C in training: expert capacity B = ceil(C·K·tokens/E) (Sec. 3.1)"}
+    )
+    moe_eval_capacity_factor: float = field(
+        default=0.0, metadata={"help": "C at inference; 0 = no limit, nothing dropped (not in the paper)"}
+    )
+    moe_no_router_noise: bool = field(
+        default=False, metadata={"help": "no exploration noise ε ~ N(0, 1/E²) on the router logits (Eq. 2)"}
+    )
+    moe_renormalize_gates: bool = field(
+        default=False, metadata={"help": "renormalise the K gate values to sum to 1 (Eq. 2 does not)"}
+    )
+    widenet_standard_decoder: bool = field(
+        default=False, metadata={"help": "keep fairseq's pre-norm decoder (WideNet in the encoder only)"}
+    )
+    widenet_shared_layer_norm: bool = field(
+        default=False, metadata={"help": "share the LayerNorms across blocks too (Table 3 ablation)"}
+    )
+    widenet_dense_ffn: bool = field(
+        default=False, metadata={"help": "a shared dense FFN instead of the MoE layer (Table 3 'w/o MoE layer')"}
+    )
+    widenet_no_sharing: bool = field(
+        default=False, metadata={"help": "every block has its own attention and MoE (Table 3 'w/o parameter sharing')"}
+    )
+    widenet_router_per_block: bool = field(
+        default=False, metadata={"help": "each block its own router over the shared experts (a public PyTorch port)"}
+    )
+    widenet_routing_groups: int = field(
+        default=0,
+        metadata={"help": "G routing groups per stack: the blocks of a group reuse the routing of its first "
+                          "block (Fig. 3); 0 = every block routes"},
+    )
+
+
+_WIDENET_DEFAULTS = {
+    f.name: f.default for f in fields(WideNetConfig) if f.name not in {g.name for g in fields(TransformerConfig)}
+}
+
+
+class DenseFFN(nn.Module):
+    """Dense FFN with :class:`MoELayer`'s call signature (the 'w/o MoE layer' ablation)."""
+
+    def __init__(self, embed_dim: int, ffn_dim: int, activation_fn: str, activation_dropout: float):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(embed_dim, ffn_dim), nn.Linear(ffn_dim, embed_dim)
+        self.activation_fn = utils.get_activation_fn(activation_fn)
+        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
+
+    def forward(self, x, padding_mask=None, routing=None):
+        """x ``(T, B, C)`` -> ``((T, B, C), None)``: no routing."""
+        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x)))), None
+
+
+def build_ffn(cfg, embed_dim: int, ffn_dim: int):
+    activation_dropout = cfg.activation_dropout or cfg.relu_dropout or 0.0
+    if cfg.widenet_dense_ffn:
+        return DenseFFN(embed_dim, ffn_dim, cfg.activation_fn, activation_dropout)
+    return MoELayer(embed_dim, ffn_dim, build_router(cfg, embed_dim), cfg.activation_fn, activation_dropout)
+
+
+def build_router(cfg, embed_dim: int) -> TopKRouter:
+    return TopKRouter(embed_dim, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity_factor,
+                      cfg.moe_eval_capacity_factor, noise=not cfg.moe_no_router_noise,
+                      renormalize=cfg.moe_renormalize_gates)
+
+
+class BlockSharing:
+    """What block i takes from block 0 (Sec. 3.2): attention and MoE unless
+    ``--widenet-no-sharing``; LayerNorms only with ``--widenet-shared-layer-norm``. Block 0 (and
+    every unshared part) is built anew; a shared part is block 0's module itself, never a copy."""
+
+    def __init__(self, cfg, first: Optional[nn.Module]):
+        self.cfg, self.first = cfg, first
+
+    def norm(self, name: str, dim: int):
+        if self.first is not None and self.cfg.widenet_shared_layer_norm:
+            return getattr(self.first, name)
+        return LayerNorm(dim)
+
+    def module(self, name: str, build):
+        if self.first is None or self.cfg.widenet_no_sharing:
+            return build()
+        return getattr(self.first, name)
+
+    def attention(self, name: str, build):
+        """Like :meth:`module`, but a distinct module tied to block 0's weights: each decoder block
+        needs its own incremental-decoding cache key. Built on the meta device, so no memory is
+        allocated for weights that are replaced at once."""
+        if self.first is None or self.cfg.widenet_no_sharing:
+            return build()
+        with torch.device("meta"):
+            attn = build()
+        share_parameters(attn, getattr(self.first, name))
+        return attn
+
+    def moe(self, embed_dim: int, ffn_dim: int):
+        shared = self.module("moe", lambda: build_ffn(self.cfg, embed_dim, ffn_dim))
+        if shared is getattr(self.first, "moe", None) and self.cfg.widenet_router_per_block:
+            return shared.with_router(build_router(self.cfg, embed_dim))
+        return shared
+
+
+class WideNetEncoderLayer(EncoderLayer):
+    """Block i of Eq. 6: pre-norm self-attention and MoE, each behind this block's own LayerNorm.
+    ``first`` is block 0, whose attention and MoE this block shares (None for block 0)."""
+
+    def __init__(self, cfg, first: Optional["WideNetEncoderLayer"] = None):
+        super().__init__()
+        d, share = cfg.encoder.embed_dim, BlockSharing(cfg, first)
+        self.self_attn_layer_norm = share.norm("self_attn_layer_norm", d)
+        self.self_attn = share.module("self_attn", lambda: MultiheadAttention(
+            d, cfg.encoder.attention_heads, dropout=cfg.attention_dropout, self_attention=True))
+        self.moe_layer_norm = share.norm("moe_layer_norm", d)
+        self.moe = share.moe(d, cfg.encoder.ffn_embed_dim)
+        self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
+
+    def forward(self, x, padding_mask: Optional[Tensor], routing: Optional[Routing] = None):
+        """x ``(src_len, B, C)``, padding_mask ``(B, src_len)`` -> ``(x, routing)``."""
+        h = self.self_attn_layer_norm(x)
+        h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask, need_weights=False)
+        x = x + self.dropout_module(h)
+        h, routing = self.moe(self.moe_layer_norm(x), padding_mask, routing)
+        return x + self.dropout_module(h), routing
+
+
+class WideNetDecoderLayer(nn.Module):
+    """Decoder block: pre-norm causal self-attention, cross-attention and MoE, each behind this
+    block's own LayerNorm; attention and MoE weights shared with block 0 (``first``)."""
+
+    def __init__(self, cfg, first: Optional["WideNetDecoderLayer"] = None):
+        super().__init__()
+        d, heads, share = cfg.decoder.embed_dim, cfg.decoder.attention_heads, BlockSharing(cfg, first)
+        self.self_attn_layer_norm = share.norm("self_attn_layer_norm", d)
+        self.self_attn = share.attention("self_attn", lambda: MultiheadAttention(
+            d, heads, dropout=cfg.attention_dropout, self_attention=True))
+        self.encoder_attn_layer_norm = share.norm("encoder_attn_layer_norm", d)
+        self.encoder_attn = share.attention("encoder_attn", lambda: MultiheadAttention(
+            d, heads, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
+            encoder_decoder_attention=True))
+        self.moe_layer_norm = share.norm("moe_layer_norm", d)
+        self.moe = share.moe(d, cfg.decoder.ffn_embed_dim)
+        self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
+
+    def forward(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                self_attn_padding_mask, routing: Optional[Routing] = None):
+        """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)`` -> ``(x, routing)``."""
+        h = self.self_attn_layer_norm(x)
+        h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
+                              incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
+        x = x + self.dropout_module(h)
+        h = self.encoder_attn_layer_norm(x)
+        h, _ = self.encoder_attn(query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
+                                 incremental_state=incremental_state, static_kv=True, need_weights=False)
+        x = x + self.dropout_module(h)
+        h, routing = self.moe(self.moe_layer_norm(x), self_attn_padding_mask, routing)
+        return x + self.dropout_module(h), routing
+
+
+BLOCK0 = "_widenet_block0"
+
+
+def build_block(stack: nn.Module, layer_cls, cfg):
+    """The next block of ``stack``: block 0 built anew, later blocks sharing block 0's parts.
+
+    fairseq builds all layers in one list comprehension, before ``stack.layers`` holds any, so
+    block 0 is kept in a plain, unregistered attribute that the stack's ``__init__`` deletes
+    once the layers exist (block 0 stays registered once, as ``layers.0``).
+    """
+    first = stack.__dict__.get(BLOCK0)
+    layer = layer_cls(cfg, first)
+    stack.__dict__.setdefault(BLOCK0, layer)
+    return layer
+
+
+class RoutingGroups:
+    """Which blocks route and which reuse their group's routing (Fig. 3); collects the per-call
+    auxiliary outputs of one forward pass as return values (no module state)."""
+
+    def __init__(self, num_layers: int, groups: int):
+        self.group_size = num_layers // groups if groups else 1
+        self.routing: Optional[Routing] = None
+        self.aux: Dict[str, List[Tensor]] = {key: [] for key in MOE_KEYS}
+
+    def for_layer(self, index: int) -> Optional[Routing]:
+        return None if index % self.group_size == 0 else self.routing
+
+    def record(self, routing: Optional[Routing], reused: bool):
+        """Keep a fresh routing for the rest of its group and record its statistics once."""
+        if routing is None or reused:
+            return
+        self.routing = routing
+        self.aux["moe_balance_loss"].append(routing.balance_loss)
+        kept = routing.kept.float()
+        self.aux["moe_dropped"].append(1 - kept.mean() if kept.numel() else kept.sum())
+        self.aux["moe_load"].append(torch.bincount(routing.expert[routing.kept], minlength=routing.num_experts).float())
+
+
+class WideNetEncoder(TransformerEncoderBase):
+    """Pre-norm encoder whose blocks share one self-attention and one MoE layer."""
+
+    def __init__(self, cfg, dictionary, embed_tokens):
+        super().__init__(cfg, dictionary, embed_tokens)
+        del self.__dict__[BLOCK0]
+        self.routing_groups = cfg.widenet_routing_groups
+
+    def build_encoder_layer(self, cfg):
+        return build_block(self, WideNetEncoderLayer, cfg)
+
+    def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
+                           token_embeddings: Optional[Tensor] = None):
+        """Returns fairseq's encoder_out dict plus :data:`MOE_KEYS` (one entry per routing call)."""
+        padding_mask = src_tokens.eq(self.padding_idx)
+        x, embedding = self.forward_embedding(src_tokens, token_embeddings)
+        x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+        groups = RoutingGroups(len(self.layers), self.routing_groups)
+        states = [x] if return_all_hiddens else []
+        for i, layer in enumerate(self.layers):
+            reuse = groups.for_layer(i)
+            x, routing = layer(x, padding_mask, reuse)
+            groups.record(routing, reused=reuse is not None)
+            if return_all_hiddens:
+                states.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {"encoder_out": [x], "encoder_padding_mask": [padding_mask], "encoder_embedding": [embedding],
+                "encoder_states": states, "fc_results": [], "src_tokens": [], "src_lengths": [src_lengths],
+                **groups.aux}
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
+        """fairseq's reordering; the auxiliary MoE outputs are carried over unchanged (batch statistics)."""
+        reordered = super().reorder_encoder_out(encoder_out, new_order)
+        return {**reordered, **{key: encoder_out[key] for key in MOE_KEYS if key in encoder_out}}
+
+
+class WideNetDecoder(TransformerDecoderBase):
+    """Pre-norm decoder whose blocks share one self-attention, one cross-attention and one MoE layer."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        del self.__dict__[BLOCK0]
+        self.routing_groups = cfg.widenet_routing_groups
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return build_block(self, WideNetDecoderLayer, cfg)
+
+    def embed(self, prev_output_tokens, incremental_state):
+        """Token + position embeddings as fairseq's decoder computes them -> ``(tgt_len, B, C)``."""
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:  # only the newest token is decoded
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            positions = positions[:, -1:] if positions is not None else None
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x = x + positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        return self.dropout_module(x).transpose(0, 1), prev_output_tokens  # B x T x C -> T x B x C
+
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
+                                    incremental_state=None, full_context_alignment: bool = False,
+                                    alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
+        """Returns ``(features (B, tgt_len, C), extra)``; extra holds :data:`MOE_KEYS` of the decoder's calls."""
+        enc = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
+        enc_mask = (encoder_out["encoder_padding_mask"][0]
+                    if encoder_out and encoder_out["encoder_padding_mask"] else None)
+        x, tokens = self.embed(prev_output_tokens, incremental_state)
+        padding_mask = tokens.eq(self.padding_idx)
+        self_attn_padding_mask = padding_mask if padding_mask.any() else None
+        self_attn_mask = self.buffered_future_mask(x) if incremental_state is None else None
+        groups = RoutingGroups(len(self.layers), self.routing_groups)
+        inner_states: List[Optional[Tensor]] = [x]
+        for i, layer in enumerate(self.layers):
+            reuse = groups.for_layer(i)
+            x, routing = layer(x, enc, enc_mask, incremental_state, self_attn_mask, self_attn_padding_mask, reuse)
+            groups.record(routing, reused=reuse is not None)
+            inner_states.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)  # T x B x C -> B x T x C
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [None], "inner_states": inner_states, **groups.aux}
+
+
+def validate_widenet_config(args):
+    """Raise ``ValueError`` naming the flag and value of the first invalid setting."""
+    validate_transformer_sizes(args)
+    require_positive(args, "moe_experts", "moe_top_k")
+    require(args.moe_top_k <= args.moe_experts,
+            f"--moe-top-k {args.moe_top_k} exceeds --moe-experts {args.moe_experts}")
+    require(args.moe_capacity_factor > 0, f"--moe-capacity-factor must be > 0, got {args.moe_capacity_factor}")
+    require(args.moe_eval_capacity_factor >= 0,
+            f"--moe-eval-capacity-factor must be >= 0 (0: no limit), got {args.moe_eval_capacity_factor}")
+    require(not (args.widenet_dense_ffn and args.widenet_router_per_block),
+            "--widenet-router-per-block needs the MoE layer; it cannot go with --widenet-dense-ffn")
+    groups = args.widenet_routing_groups
+    for side in ("encoder", "decoder"):
+        layers = getattr(args, f"{side}_layers")
+        require(groups >= 0 and (groups == 0 or layers % groups == 0),
+                f"--widenet-routing-groups {groups} must be 0 or divide --{side}-layers {layers}")
+    require(args.encoder_normalize_before,
+            "widenet is pre-norm (Xue et al. 2022, Eq. 6): --encoder-normalize-before is required")
+    require(args.decoder_normalize_before or args.widenet_standard_decoder,
+            "widenet decoder blocks are pre-norm (Eq. 6): --decoder-normalize-before is required")
+
+
+@register_model("widenet")
+class WideNetModel(TransformerModel):
+    """WideNet (Xue et al. 2022). Flags: :class:`WideNetConfig`; presets ``widenet_{tiny,wmt_en_de,b,l,h}``."""
+
+    @classmethod
+    def add_args(cls, parser):
+        gen_parser_from_dataclass(parser, WideNetConfig(), delete_default=True, with_prefix="")
+
+    @classmethod
+    def build_model(cls, args, task):
+        widenet(args)
+        validate_widenet_config(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return WideNetEncoder(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        if cfg.widenet_standard_decoder:
+            return TransformerDecoderBase(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return WideNetDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
+                features_only: bool = False, alignment_layer: Optional[int] = None,
+                alignment_heads: Optional[int] = None):
+        """fairseq's encoder-decoder forward; ``extra`` gets the encoder's MoE outputs before the
+        decoder's (:data:`MOE_KEYS`), for the criterion."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
+        out, extra = self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+                                  alignment_layer=alignment_layer, alignment_heads=alignment_heads,
+                                  src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
+        for key in MOE_KEYS:
+            extra[key] = encoder_out[key] + extra.get(key, [])
+        return out, extra
+
+
+@register_model_architecture("widenet", "widenet")
+def widenet(args):
+    """Base preset: transformer-base body (d = 512, FFN 2048, 8 heads, 6+6 blocks), pre-norm,
+    E = 4 experts, top-2, C = 1.2 (the paper's defaults)."""
+    set_defaults(args, **_WIDENET_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True)
+    base_architecture(args)
+
+
+@register_model_architecture("widenet", "widenet_wmt_en_de")
+def widenet_wmt_en_de(args):
+    """NMT base for WMT14 En-De: transformer-base body with shared vocabulary, WideNet in both stacks."""
+    set_defaults(args, share_all_embeddings=True, dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
+    widenet(args)
+
+
+def _vit_body(dim: int, heads: int, ffn: int, blocks: int):
+    """WideNet-B/L/H body (ViT-B/L/H widths, Sec. 4.1) in both stacks, E = 4, K = 2."""
+
+    def preset(args):
+        set_defaults(args, encoder_embed_dim=dim, encoder_attention_heads=heads, encoder_ffn_embed_dim=ffn,
+                     encoder_layers=blocks, decoder_attention_heads=heads, decoder_layers=blocks)
+        widenet(args)
+
+    preset.__doc__ = f"Xue et al. 2022: d = {dim}, {heads} heads, FFN {ffn}, {blocks} blocks, E = 4, K = 2."
+    return preset
+
+
+for _name, _body in {"b": (768, 12, 4096, 12), "l": (1024, 16, 4096, 24), "h": (1280, 16, 5120, 32)}.items():
+    register_model_architecture("widenet", f"widenet_{_name}")(_vit_body(*_body))
+
+
+@register_model_architecture("widenet", "widenet_multi30k")
+def widenet_multi30k(args):
+    """Quick-start size for Multi30k on 2 CPU cores: d = 128, FFN 512, 4 heads, 3+3 blocks."""
+    set_defaults(args, encoder_embed_dim=128, encoder_ffn_embed_dim=512, encoder_attention_heads=4,
+                 encoder_layers=3, decoder_layers=3, decoder_attention_heads=4, share_all_embeddings=True)
+    widenet(args)
+
+
+@register_model_architecture("widenet", "widenet_tiny")
+def widenet_tiny(args):
+    """Tiny model for tests: d = 32, 3 encoder and 2 decoder blocks, E = 4, K = 2."""
+    set_defaults(args, encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=4, encoder_layers=3,
+                 decoder_layers=2, decoder_attention_heads=4)
+    widenet(args)
