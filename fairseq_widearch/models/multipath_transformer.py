@@ -10,17 +10,15 @@ standard pre-norm fairseq decoder layer); ``--decoder-paths`` widens the decoder
 The blocks live in :mod:`fairseq_widearch.modules.multi_path`; this file wires them into
 fairseq's encoder/decoder through ``build_encoder_layer`` / ``build_decoder_layer``.
 """
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch.nn as nn
 from fairseq.dataclass import ChoiceEnum
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
-    TransformerModel,
     base_architecture,
 )
 
@@ -33,7 +31,8 @@ from ..modules.multi_path import (
     MultiPathSublayer,
     PathFusion,
 )
-from .presets import set_defaults
+from .base import WideTransformerModel, added_defaults
+from .presets import MULTI30K_BODY, set_defaults
 from .validation import require, require_positive, validate_transformer_sizes
 
 
@@ -65,9 +64,7 @@ class MultiPathTransformerConfig(TransformerConfig):
 
 
 # Fields this model adds to TransformerConfig, with their defaults (applied by the base preset).
-_MULTIPATH_DEFAULTS = {
-    f.name: f.default for f in fields(MultiPathTransformerConfig) if f.name not in {g.name for g in fields(TransformerConfig)}
-}
+_MULTIPATH_DEFAULTS = added_defaults(MultiPathTransformerConfig)
 
 
 def _fusion(cfg, num_paths: int) -> PathFusion:
@@ -164,28 +161,21 @@ def validate_multipath_config(args):
 
 
 @register_model("multipath_transformer")
-class MultiPathTransformerModel(TransformerModel):
+class MultiPathTransformerModel(WideTransformerModel):
     """Multi-Path Transformer (Lin et al. 2022). Flags: :class:`MultiPathTransformerConfig`;
     presets ``multipath_transformer_{L}l_{P}p`` reproduce Table 2."""
 
-    @classmethod
-    def add_args(cls, parser):
-        gen_parser_from_dataclass(parser, MultiPathTransformerConfig(), delete_default=True, with_prefix="")
+    config = MultiPathTransformerConfig
+    encoder_class = MultiPathTransformerEncoder
+    decoder_class = MultiPathTransformerDecoder
 
-    @classmethod
-    def build_model(cls, args, task):
+    @staticmethod
+    def base_preset(args):
         multipath_transformer(args)
+
+    @staticmethod
+    def validate(args):
         validate_multipath_config(args)
-        return super().build_model(args, task)
-
-    # TransformerModel.build_model hands these a TransformerConfig that already carries our fields.
-    @classmethod
-    def build_encoder(cls, cfg, src_dict, embed_tokens):
-        return MultiPathTransformerEncoder(cfg, src_dict, embed_tokens)
-
-    @classmethod
-    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
-        return MultiPathTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 
 @register_model_architecture("multipath_transformer", "multipath_transformer")
@@ -217,8 +207,7 @@ for _layers, _paths in TABLE2:
 def multipath_transformer_multi30k(args):
     """Quick-start size for Multi30k on 2 CPU cores: d = 128, FFN 512, 3-layer 2-path encoder,
     3-layer decoder, shared vocabulary."""
-    set_defaults(args, encoder_embed_dim=128, encoder_ffn_embed_dim=512, encoder_attention_heads=4,
-                 encoder_layers=3, decoder_layers=3, decoder_attention_heads=4, share_all_embeddings=True)
+    set_defaults(args, **MULTI30K_BODY)
     multipath_transformer(args)
 
 

@@ -11,19 +11,17 @@ cross-attention and the MoE (docs/widenet.md). Balance losses of every routing c
 ``encoder_out`` / the decoder's ``extra`` (keys ``moe_balance_loss``, ``moe_dropped``,
 ``moe_load``) and are summed by ``moe_label_smoothed_cross_entropy`` (Eq. 8).
 """
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
 from fairseq import utils
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
-    TransformerModel,
     base_architecture,
 )
 from fairseq.modules import LayerNorm, MultiheadAttention
@@ -33,7 +31,8 @@ from torch import Tensor
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.moe import MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
-from .presets import set_defaults
+from .base import WideTransformerModel, added_defaults
+from .presets import MULTI30K_BODY, set_defaults
 from .validation import require, require_positive, validate_transformer_sizes
 
 #: Keys of the auxiliary MoE outputs, each a list with one entry per routing call.
@@ -80,9 +79,7 @@ class WideNetConfig(TransformerConfig):
     )
 
 
-_WIDENET_DEFAULTS = {
-    f.name: f.default for f in fields(WideNetConfig) if f.name not in {g.name for g in fields(TransformerConfig)}
-}
+_WIDENET_DEFAULTS = added_defaults(WideNetConfig)
 
 
 class DenseFFN(nn.Module):
@@ -359,28 +356,26 @@ def validate_widenet_config(args):
 
 
 @register_model("widenet")
-class WideNetModel(TransformerModel):
+class WideNetModel(WideTransformerModel):
     """WideNet (Xue et al. 2022). Flags: :class:`WideNetConfig`; presets ``widenet_{tiny,wmt_en_de,b,l,h}``."""
 
-    @classmethod
-    def add_args(cls, parser):
-        gen_parser_from_dataclass(parser, WideNetConfig(), delete_default=True, with_prefix="")
+    config = WideNetConfig
+    encoder_class = WideNetEncoder
+    decoder_class = WideNetDecoder
 
-    @classmethod
-    def build_model(cls, args, task):
+    @staticmethod
+    def base_preset(args):
         widenet(args)
-        validate_widenet_config(args)
-        return super().build_model(args, task)
 
-    @classmethod
-    def build_encoder(cls, cfg, src_dict, embed_tokens):
-        return WideNetEncoder(cfg, src_dict, embed_tokens)
+    @staticmethod
+    def validate(args):
+        validate_widenet_config(args)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         if cfg.widenet_standard_decoder:
             return TransformerDecoderBase(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
-        return WideNetDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return super().build_decoder(cfg, tgt_dict, embed_tokens)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
                 features_only: bool = False, alignment_layer: Optional[int] = None,
@@ -430,8 +425,7 @@ for _name, _body in {"b": (768, 12, 4096, 12), "l": (1024, 16, 4096, 24), "h": (
 @register_model_architecture("widenet", "widenet_multi30k")
 def widenet_multi30k(args):
     """Quick-start size for Multi30k on 2 CPU cores: d = 128, FFN 512, 4 heads, 3+3 blocks."""
-    set_defaults(args, encoder_embed_dim=128, encoder_ffn_embed_dim=512, encoder_attention_heads=4,
-                 encoder_layers=3, decoder_layers=3, decoder_attention_heads=4, share_all_embeddings=True)
+    set_defaults(args, **MULTI30K_BODY)
     widenet(args)
 
 
