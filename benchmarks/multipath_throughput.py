@@ -8,18 +8,13 @@ trained in one process, alternating rounds of ``--steps`` updates each, on the s
 machine noise hits both alike. Prints tokens/s of each and their ratio; the last line is one JSON
 object with the figures and ``ratio`` = multi-path tokens/s / deep tokens/s (target >= 1.0).
 
-glibc's malloc returns large freed blocks to the OS, so every big transient tensor costs fresh
-page faults; the multi-path model's tensors are n times larger than the deep model's and suffer
-more. The measurement therefore runs twice, each in a fresh process: with glibc's defaults
-(``ratio_default_malloc``) and with ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` raised so
-freed memory is reused (``ratio``; the setting ``examples/multi30k/quickstart.sh`` trains with).
+The measurement runs twice, each in a fresh process (see ``malloc_modes.py``): with glibc's
+default malloc (``ratio_default_malloc``) and with freed memory reused (``ratio``).
 
     python benchmarks/multipath_throughput.py [--dim 128] [--rounds 5] [--steps 5]
 """
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 
@@ -28,6 +23,7 @@ import torch
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.cli.stats import count_macs, param_counts
 from fairseq_widearch.model_builder import build_model
+from malloc_modes import both_modes
 
 
 def width_flags(dim, heads):
@@ -65,10 +61,6 @@ def train_steps(model, optimizer, batches):
     return time.perf_counter() - start
 
 
-#: glibc settings that keep freed memory in the process (1 GB thresholds), see the module docstring.
-REUSE_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000"}
-
-
 def measure(args):
     """Train both models alternately in this process; return the figures as a dict."""
     if args.threads:
@@ -96,13 +88,6 @@ def measure(args):
     return result
 
 
-def run_child(argv, extra_env):
-    env = {**os.environ, **extra_env}
-    out = subprocess.run([sys.executable, __file__, "--child", *argv], env=env, capture_output=True, text=True,
-                         check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dim", type=int, default=128, help="model width d (paper: 512)")
@@ -119,9 +104,7 @@ def main(argv=None):
     if args.child:
         print(json.dumps(measure(args)))
         return
-    child_argv = [a for a in (argv if argv is not None else sys.argv[1:])]
-    default = run_child(child_argv, {})
-    reuse = run_child(child_argv, REUSE_FREED_MEMORY)
+    default, reuse = both_modes(__file__, argv if argv is not None else sys.argv[1:])
     for label, res in (("glibc default malloc", default), ("freed memory reused", reuse)):
         print(f"-- {label}")
         for name in ("multipath_6l_4p", "deep24"):

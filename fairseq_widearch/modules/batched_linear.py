@@ -30,4 +30,6 @@ class BatchedLinear(nn.Module):
                 nn.init.zeros_(b)
 
     def forward(self, x):
-        return torch.baddbmm(self.bias[:, None].to(x.dtype), x, self.weight.to(x.dtype))
+        # bmm then an in-place bias add: baddbmm would first copy the broadcast bias into its
+        # (n, N, out) output, a slow strided copy on CPU.
+        return torch.bmm(x, self.weight.to(x.dtype)).add_(self.bias[:, None].to(x.dtype))
