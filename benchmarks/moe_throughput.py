@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fairseq_widearch.modules import MoELayer, TopKRouter
+from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 from malloc_modes import both_modes
 
 
@@ -53,7 +53,7 @@ def main(argv=None):
         return
     torch.manual_seed(0)
     router = TopKRouter(args.dim, args.experts, args.top_k, args.capacity_factor)
-    moe = MoELayer(args.dim, args.ffn, router).train()
+    moe = MoELayer(router, Experts(args.experts, args.dim, args.ffn)).train()
     fc1, fc2 = torch.nn.Linear(args.dim, args.ffn), torch.nn.Linear(args.ffn, args.dim)
     x = torch.randn(args.tokens, 1, args.dim, requires_grad=True)
 

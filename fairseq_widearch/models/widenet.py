@@ -29,7 +29,7 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.moe import MoELayer, Routing, TopKRouter
+from ..modules.moe import Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
 from .base import WideTransformerModel, added_defaults
 from .presets import MULTI30K_BODY, set_defaults
@@ -100,7 +100,8 @@ def build_ffn(cfg, embed_dim: int, ffn_dim: int):
     activation_dropout = cfg.activation_dropout or cfg.relu_dropout or 0.0
     if cfg.widenet_dense_ffn:
         return DenseFFN(embed_dim, ffn_dim, cfg.activation_fn, activation_dropout)
-    return MoELayer(embed_dim, ffn_dim, build_router(cfg, embed_dim), cfg.activation_fn, activation_dropout)
+    experts = Experts(cfg.moe_experts, embed_dim, ffn_dim, cfg.activation_fn, activation_dropout)
+    return MoELayer(build_router(cfg, embed_dim), experts)
 
 
 def build_router(cfg, embed_dim: int) -> TopKRouter:
@@ -141,7 +142,7 @@ class BlockSharing:
     def moe(self, embed_dim: int, ffn_dim: int):
         shared = self.module("moe", lambda: build_ffn(self.cfg, embed_dim, ffn_dim))
         if shared is getattr(self.first, "moe", None) and self.cfg.widenet_router_per_block:
-            return shared.with_router(build_router(self.cfg, embed_dim))
+            return MoELayer(build_router(self.cfg, embed_dim), shared.experts)
         return shared
 
 

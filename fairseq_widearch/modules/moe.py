@@ -115,18 +115,40 @@ class TopKRouter(nn.Module):
         return Routing(expert, token, gate, slot, slot < capacity, capacity, E, balance_loss)
 
 
-class MoELayer(nn.Module):
-    """E expert FFNs (d -> d_ffn -> d) behind a :class:`TopKRouter` (Eq. 1).
+class Experts(nn.Module):
+    """E expert FFNs, d -> d_ffn -> d each (e(·)_i of Eq. 1), as two batched matmuls over all E
+    experts: every expert parameter is in the graph every step (an expert that got no token gets
+    a zero gradient, so DDP never sees an unused parameter).
 
-    Dispatch and combine are vectorised (index_copy into an ``(E, B, d)`` buffer, index_add back)
-    and the experts run as two batched matmuls over all E experts, so every expert parameter is
-    in the graph every step (an expert that got no token gets a zero gradient: DDP never sees an
-    unused parameter).
+    Shapes: input ``(E, B, d)`` (B = capacity slots per expert); output ``(E, B, d)``.
+    """
+
+    def __init__(self, num_experts: int, embed_dim: int, ffn_dim: int, activation_fn: str = "relu",
+                 activation_dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = BatchedLinear(num_experts, embed_dim, ffn_dim)
+        self.fc2 = BatchedLinear(num_experts, ffn_dim, embed_dim)
+        self.activation_fn = utils.get_activation_fn(activation_fn)
+        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
+
+    def forward(self, buffer: Tensor) -> Tensor:
+        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(buffer))))
+
+
+class MoELayer(nn.Module):
+    """Mixture of experts (Eq. 1): a :class:`TopKRouter` in front of :class:`Experts`.
+
+    Dispatch and combine are vectorised: the kept token-to-expert assignments are copied into an
+    ``(E, B, d)`` buffer with one ``index_copy``, and the gated expert outputs summed back per
+    token with one ``index_add``. Router and experts are separate modules so that blocks can
+    share the experts with or without the router (WideNet and its per-block-router variant).
 
     Args:
-        embed_dim, ffn_dim (int): d and d_ffn.
-        router (TopKRouter): may be shared between layers (WideNet shares it).
-        activation_fn (str), activation_dropout (float): inside each expert.
+        router (TopKRouter): E, K and the capacity factors.
+        experts (Experts): E experts.
+
+    Raises:
+        ValueError: if the router and the experts disagree on E.
 
     Shapes:
         ``forward(x, padding_mask=None, routing=None)``: x ``(T, B, d)``, padding_mask ``(B, T)``
@@ -134,27 +156,11 @@ class MoELayer(nn.Module):
         ``routing`` reuses another call's decision (routing groups) instead of routing again.
     """
 
-    def __init__(self, embed_dim: int, ffn_dim: int, router: TopKRouter, activation_fn: str = "relu",
-                 activation_dropout: float = 0.0):
+    def __init__(self, router: TopKRouter, experts: Experts):
         super().__init__()
-        self.router = router
-        E = router.num_experts
-        self.fc1 = BatchedLinear(E, embed_dim, ffn_dim)
-        self.fc2 = BatchedLinear(E, ffn_dim, embed_dim)
-        self.activation_fn = utils.get_activation_fn(activation_fn)
-        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
-
-    def with_router(self, router: TopKRouter) -> "MoELayer":
-        """A layer with these very experts (shared modules) behind another router."""
-        layer = MoELayer.__new__(MoELayer)
-        nn.Module.__init__(layer)
-        layer.router, layer.fc1, layer.fc2 = router, self.fc1, self.fc2
-        layer.activation_fn, layer.activation_dropout_module = self.activation_fn, self.activation_dropout_module
-        return layer
-
-    def experts(self, buffer: Tensor) -> Tensor:
-        """``(E, B, d)`` dispatched tokens -> ``(E, B, d)`` expert outputs."""
-        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(buffer))))
+        if experts.fc1.weight.shape[0] != router.num_experts:
+            raise ValueError(f"router has {router.num_experts} experts, Experts has {experts.fc1.weight.shape[0]}")
+        self.router, self.experts = router, experts
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, routing: Optional[Routing] = None):
         T, B, d = x.shape

@@ -36,7 +36,7 @@ def test_blocks_share_attention_and_moe_but_not_layer_norms():
         for layer in stack.layers[1:]:
             assert layer.self_attn.k_proj.weight is first.self_attn.k_proj.weight
             assert layer.moe.router.weight is first.moe.router.weight
-            assert layer.moe.fc2.weight is first.moe.fc2.weight
+            assert layer.moe.experts.fc2.weight is first.moe.experts.fc2.weight
             assert layer.moe_layer_norm.weight is not first.moe_layer_norm.weight
     decoder = model.decoder.layers
     assert decoder[1].encoder_attn.v_proj.weight is decoder[0].encoder_attn.v_proj.weight
@@ -61,7 +61,7 @@ def test_encoder_parameter_count_is_one_block_plus_per_block_layer_norms():
      lambda m: m.encoder.layers[1].self_attn.q_proj.weight is not m.encoder.layers[0].self_attn.q_proj.weight),
     ("--widenet-router-per-block",
      lambda m: m.encoder.layers[1].moe.router.weight is not m.encoder.layers[0].moe.router.weight
-     and m.encoder.layers[1].moe.fc1.weight is m.encoder.layers[0].moe.fc1.weight),
+     and m.encoder.layers[1].moe.experts.fc1.weight is m.encoder.layers[0].moe.experts.fc1.weight),
     ("--widenet-standard-decoder",
      lambda m: all(isinstance(layer, TransformerDecoderLayerBase) for layer in m.decoder.layers)),
 ])

@@ -5,20 +5,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_widearch.modules import MoELayer, TopKRouter
+from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 
 D, FFN = 8, 16
 
 
 def make_moe(experts=4, k=2, capacity_factor=1.2, eval_capacity_factor=0.0, noise=False, **kw):
     router = TopKRouter(D, experts, k, capacity_factor, eval_capacity_factor, noise=noise, **kw)
-    return MoELayer(D, FFN, router)
+    return MoELayer(router, Experts(experts, D, FFN))
 
 
 def dense_ffn(moe, i, x):
     """Expert i of ``moe`` applied as a plain FFN."""
-    h = F.relu(x @ moe.fc1.weight[i] + moe.fc1.bias[i])
-    return h @ moe.fc2.weight[i] + moe.fc2.bias[i]
+    h = F.relu(x @ moe.experts.fc1.weight[i] + moe.experts.fc1.bias[i])
+    return h @ moe.experts.fc2.weight[i] + moe.experts.fc2.bias[i]
 
 
 def route_everything_to(moe, expert):
@@ -104,7 +104,7 @@ def test_every_expert_parameter_gets_a_gradient_even_without_tokens():
     (y.sum() + routing.balance_loss).backward()
     for name, p in moe.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
-    assert moe.fc1.weight.grad[0].abs().sum() > 0 and moe.fc1.weight.grad[1:].abs().sum() == 0
+    assert moe.experts.fc1.weight.grad[0].abs().sum() > 0 and moe.experts.fc1.weight.grad[1:].abs().sum() == 0
     assert moe.router.weight.grad.abs().sum() > 0  # through the gates and the balance loss
 
 
