@@ -1,0 +1,90 @@
+"""LayerSelect: latent layer selection with Gumbel-sigmoid samples (Li et al. 2020, "Deep
+Transformers with Latent Depth", Sec. 3, Eqs. 2 and 5).
+
+Layer l computes ``x_{l+1} = x_l + z_l · F_l(x_l)`` (Eq. 2) with one z_l per layer (and per
+language pair when multilingual) shared by every token of the batch. The posterior of z_l is a
+Bernoulli with logit α_l; training uses the two-class Gumbel-softmax of Eq. 5, which equals
+
+    z_l = σ((α_l + g_1 − g_2) / τ),   g_1, g_2 ~ Gumbel(0, 1)
+
+(one logit per layer: α_l = α_l(1) − α_l(0)). Inference is deterministic: the expected z (soft
+weights σ(α_l)) or a hard selection σ(α_l) > threshold.
+"""
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+INFERENCE_MODES = ("soft", "hard")
+
+
+class LayerSelect(nn.Module):
+    """Per-layer selection weights z for ``num_layers`` layers and ``num_posteriors`` posteriors.
+
+    Args:
+        num_layers (int): L.
+        num_posteriors (int): one posterior per language pair (1 for bilingual models).
+        logit_init (float): initial α_l for every layer (0: q(z_l = 1) = 0.5, the uniform prior's mean).
+        temperature (float): τ at update 0 (the reference fairseq example uses 5).
+        min_temperature (float): τ after ``temperature_anneal_updates`` updates; τ decays
+            exponentially in between (the paper gives no schedule).
+        temperature_anneal_updates (int): 0 keeps τ constant.
+        soft_updates (int): after this many updates, training samples are straight-through hard
+            (z > 0.5 forward, the soft sample's gradient backward); negative: always soft (the paper).
+        inference (str): ``soft`` (z = σ(α)) or ``hard`` (z = 1[σ(α) > threshold]).
+        threshold (float): for hard selection.
+
+    Shapes:
+        ``forward(posterior=0)`` -> z ``(L,)`` in the logits' dtype; ``probs(posterior)`` -> q(z = 1)
+        ``(L,)``. The number of updates comes from ``set_num_updates`` (fairseq calls it).
+
+    Raises:
+        ValueError: on non-positive sizes or temperatures, an unknown inference mode or a threshold
+            outside (0, 1), naming the flag.
+    """
+
+    def __init__(self, num_layers: int, num_posteriors: int = 1, logit_init: float = 0.0, temperature: float = 5.0,
+                 min_temperature: float = 5.0, temperature_anneal_updates: int = 0, soft_updates: int = -1,
+                 inference: str = "soft", threshold: float = 0.5):
+        super().__init__()
+        if num_layers < 1 or num_posteriors < 1:
+            raise ValueError(f"LayerSelect needs >= 1 layers and posteriors, got {num_layers} and {num_posteriors}")
+        if temperature <= 0 or min_temperature <= 0:
+            raise ValueError(f"--latent-temperature and --latent-min-temperature must be > 0, got {temperature} "
+                             f"and {min_temperature}")
+        if inference not in INFERENCE_MODES:
+            raise ValueError(f"--latent-inference must be one of {INFERENCE_MODES}, got {inference!r}")
+        if not 0 < threshold < 1:
+            raise ValueError(f"--latent-threshold must be in (0, 1), got {threshold}")
+        self.logits = nn.Parameter(torch.full((num_posteriors, num_layers), float(logit_init)))
+        self.temperature, self.min_temperature = temperature, min_temperature
+        self.temperature_anneal_updates, self.soft_updates = temperature_anneal_updates, soft_updates
+        self.inference, self.threshold = inference, threshold
+        self.num_updates = 0
+
+    def set_num_updates(self, num_updates: int):
+        """Advance the temperature and soft/hard schedules (called by fairseq every update)."""
+        self.num_updates = num_updates
+
+    def current_temperature(self) -> float:
+        """τ: exponential decay from ``temperature`` to ``min_temperature`` over the anneal window."""
+        if self.temperature_anneal_updates <= 0:
+            return self.temperature
+        progress = min(self.num_updates / self.temperature_anneal_updates, 1.0)
+        return self.temperature * (self.min_temperature / self.temperature) ** progress
+
+    def probs(self, posterior: int = 0) -> Tensor:
+        """q(z_l = 1) = σ(α_l) for every layer, ``(L,)``."""
+        return torch.sigmoid(self.logits[posterior])
+
+    def forward(self, posterior: int = 0) -> Tensor:
+        """z ``(L,)``: a Gumbel-sigmoid sample in training (Eq. 5), deterministic at inference."""
+        logits = self.logits[posterior]
+        if not self.training:
+            q = torch.sigmoid(logits)
+            return q if self.inference == "soft" else (q > self.threshold).to(q.dtype)
+        u1, u2 = torch.rand_like(logits), torch.rand_like(logits)
+        gumbel = -torch.log(-torch.log(u1.clamp_min(1e-10))) + torch.log(-torch.log(u2.clamp_min(1e-10)))
+        z = torch.sigmoid((logits + gumbel) / self.current_temperature())
+        if 0 <= self.soft_updates <= self.num_updates:
+            z = (z > 0.5).to(z.dtype) - z.detach() + z  # straight-through hard sample
+        return z

@@ -1,0 +1,69 @@
+"""LayerSelect (Li et al. 2020, Eqs. 2 and 5)."""
+import math
+
+import pytest
+import torch
+
+from fairseq_widearch.modules import LayerSelect
+
+
+def test_gumbel_sigmoid_selects_a_layer_with_its_posterior_probability():
+    """z > 0.5 exactly when α + logistic noise > 0, which has probability σ(α) at any τ."""
+    torch.manual_seed(0)
+    select = LayerSelect(3, logit_init=0.0, temperature=2.0).train()
+    with torch.no_grad():
+        select.logits[0] = torch.tensor([math.log(4.0), 0.0, -math.log(9.0)])  # σ = 0.8, 0.5, 0.1
+    samples = torch.stack([select() for _ in range(20000)])
+    assert ((samples > 0) & (samples < 1)).all()  # soft samples in training
+    torch.testing.assert_close((samples > 0.5).float().mean(0), torch.tensor([0.8, 0.5, 0.1]), atol=0.015, rtol=0)
+
+
+def test_inference_is_deterministic_soft_or_hard():
+    select = LayerSelect(3).eval()
+    with torch.no_grad():
+        select.logits[0] = torch.tensor([2.0, -0.1, 0.3])
+    torch.testing.assert_close(select(), torch.sigmoid(select.logits[0]))
+    assert torch.equal(select(), select())
+    select.inference = "hard"
+    assert select().tolist() == [1.0, 0.0, 1.0]
+
+
+def test_straight_through_hard_samples_after_soft_updates():
+    torch.manual_seed(0)
+    select = LayerSelect(4, soft_updates=10).train()
+    select.set_num_updates(9)
+    z_soft = select()
+    assert ((z_soft > 0) & (z_soft < 1)).all()
+    select.set_num_updates(10)
+    z = select()
+    assert set(z.tolist()) <= {0.0, 1.0}
+    z.sum().backward()
+    assert select.logits.grad.abs().sum() > 0  # the soft sample's gradient
+
+
+def test_temperature_anneals_exponentially_through_set_num_updates():
+    select = LayerSelect(2, temperature=5.0, min_temperature=0.5, temperature_anneal_updates=100)
+    assert select.current_temperature() == 5.0
+    select.set_num_updates(50)
+    assert select.current_temperature() == pytest.approx(math.sqrt(5.0 * 0.5))
+    select.set_num_updates(1000)
+    assert select.current_temperature() == pytest.approx(0.5)
+
+
+def test_one_posterior_per_language_pair():
+    select = LayerSelect(2, num_posteriors=3).eval()
+    with torch.no_grad():
+        select.logits[2] = torch.tensor([5.0, -5.0])
+    assert select(posterior=2).tolist() == pytest.approx([torch.sigmoid(torch.tensor(5.0)).item(),
+                                                          torch.sigmoid(torch.tensor(-5.0)).item()])
+    assert select(posterior=0).tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(temperature=0.0), "--latent-temperature and --latent-min-temperature must be > 0"),
+    (dict(inference="sample"), "--latent-inference must be one of"),
+    (dict(threshold=1.0), "--latent-threshold must be in \\(0, 1\\)"),
+])
+def test_invalid_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LayerSelect(3, **kwargs)
