@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 PREPARE = REPO / "examples" / "multi30k" / "prepare.py"
@@ -31,3 +33,19 @@ def test_misaligned_sides(tmp_path):
         (tmp_path / f"{name}.de").write_text("ein Hund .\n")
     proc = prepare(tmp_path, tmp_path / "work")
     assert proc.returncode != 0 and "line-aligned" in proc.stderr
+
+
+def test_score_restores_corpus_order_and_checks_the_count(tmp_path):
+    sys.path.insert(0, str(REPO / "examples" / "multi30k"))
+    import score
+
+    gen = tmp_path / "gen.txt"
+    one, two = "ein Hund rennt durch den Park .", "zwei Hunde spielen im Schnee ."
+    gen.write_text(f"S-1\tb\nD-1\t-0.2\t{two}\nH-1\t-0.2\t{two}\nD-0\t-0.1\t{one}\n")
+    refs = tmp_path / "ref.de"
+    refs.write_text(f"{one}\n{two}\n")
+    assert score.read_hypotheses(gen) == [one, two]
+    assert score.main(gen, refs) == pytest.approx(100.0)  # hypotheses matched to their own references
+    refs.write_text(f"{one}\n")
+    with pytest.raises(SystemExit, match="holds 2 hypotheses but .* has 1 references"):
+        score.main(gen, refs)

@@ -86,10 +86,12 @@ class TopKRouter(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_experts, embed_dim))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's init
 
-    def capacity(self, num_tokens: int) -> int:
+    def capacity(self, num_tokens: int, loads: Tensor) -> int:
+        """B for this call; without a limit, the largest load (every assignment fits, and the expert
+        buffers hold no more empty slots than needed)."""
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         if factor <= 0:
-            return max(num_tokens, 1)
+            return max(int(loads.max()) if loads.numel() else 0, 1)
         return max(math.ceil(factor * self.top_k * num_tokens / self.num_experts), 1)
 
     def forward(self, x: Tensor) -> Routing:
@@ -107,10 +109,11 @@ class TopKRouter(nn.Module):
         token = torch.arange(N, device=x.device).repeat(k)
         one_hot = F.one_hot(expert, E)  # (k·N, E)
         slot = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1  # position in the expert's buffer
-        capacity = self.capacity(N)
+        loads = one_hot.sum(dim=0)  # assignments per expert
+        capacity = self.capacity(N, loads)
         # Eqs. 3-5: m_i = fraction of tokens assigned to expert i (not differentiable),
         # P_i = mean router probability of expert i over the same tokens.
-        m = one_hot.sum(dim=0).float() / max(N, 1)
+        m = loads.float() / max(N, 1)
         balance_loss = E * (m * probs.mean(dim=0)).sum() if N > 0 else probs.sum() * 0
         return Routing(expert, token, gate, slot, slot < capacity, capacity, E, balance_loss)
 

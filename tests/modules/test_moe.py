@@ -122,6 +122,17 @@ def test_eval_capacity_does_not_drop_by_default():
     route_everything_to(moe, 0)
     _, routing = moe(torch.rand(9, 1, D) + 0.1)
     assert routing.kept.all()
+    assert routing.capacity == 9  # the largest load: no empty slots beyond it
+
+
+def test_a_sentence_translates_the_same_alone_or_in_a_batch():
+    """Unlimited eval capacity: no token's output depends on the other tokens of the batch."""
+    torch.manual_seed(0)
+    moe = make_moe(experts=4, k=2).eval()
+    x = torch.randn(6, 3, D)
+    batched, _ = moe(x)
+    alone, _ = moe(x[:, 1:2])
+    torch.testing.assert_close(batched[:, 1:2], alone, atol=1e-6, rtol=1e-6)
 
 
 def test_reused_routing_routes_nothing_again():
