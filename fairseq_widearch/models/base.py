@@ -1,6 +1,10 @@
 """What every Transformer variant of the plugin shares: flags from one config dataclass, and a
 build that applies the base preset and validates the flags before fairseq builds the model."""
 from dataclasses import fields
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models.transformer import (
@@ -52,3 +56,86 @@ class WideTransformerModel(TransformerModel):
     @staticmethod
     def validate(args):
         raise NotImplementedError
+
+
+class LayerLoopEncoder(TransformerEncoderBase):
+    """fairseq's Transformer encoder with the layer loop left to ``run_layers``, for layers that
+    take or return more than fairseq's loop passes (MoE routing, layer-selection weights).
+    Embeddings, padding, the final LayerNorm and the ``encoder_out`` dict stay fairseq's; the
+    auxiliary outputs ``run_layers`` returns are added to ``encoder_out`` and carried unchanged by
+    ``reorder_encoder_out`` (they are batch statistics, not per sentence)."""
+
+    def run_layers(self, x: Tensor, padding_mask: Tensor, states: Optional[List[Tensor]]
+                   ) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
+        """x ``(src_len, B, C)``, padding_mask ``(B, src_len)``; appends each layer's output to
+        ``states`` when given. Returns the last layer's output and the auxiliary outputs."""
+        raise NotImplementedError
+
+    def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
+                           token_embeddings: Optional[Tensor] = None):
+        padding_mask = src_tokens.eq(self.padding_idx)
+        x, embedding = self.forward_embedding(src_tokens, token_embeddings)
+        x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+        states = [x] if return_all_hiddens else None
+        x, aux = self.run_layers(x, padding_mask, states)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {"encoder_out": [x], "encoder_padding_mask": [padding_mask], "encoder_embedding": [embedding],
+                "encoder_states": states or [], "fc_results": [], "src_tokens": [], "src_lengths": [src_lengths],
+                **aux}
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
+        reordered = super().reorder_encoder_out(encoder_out, new_order)
+        return {**{key: value for key, value in encoder_out.items() if key not in reordered}, **reordered}
+
+
+class LayerLoopDecoder(TransformerDecoderBase):
+    """fairseq's Transformer decoder with the layer loop left to ``run_layers`` (see
+    :class:`LayerLoopEncoder`); the auxiliary outputs are added to the decoder's ``extra``."""
+
+    def run_layers(self, x: Tensor, encoder_out: Optional[Tensor], encoder_padding_mask: Optional[Tensor],
+                   incremental_state, self_attn_mask: Optional[Tensor], self_attn_padding_mask: Optional[Tensor],
+                   padding_mask: Tensor, inner_states: List[Optional[Tensor]]) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
+        """x ``(tgt_len, B, C)``; padding_mask ``(B, tgt_len)`` marks padding tokens (also when
+        ``self_attn_padding_mask`` is None); appends each layer's output to ``inner_states``."""
+        raise NotImplementedError
+
+    def embed(self, prev_output_tokens, incremental_state):
+        """Token + position embeddings as fairseq's decoder computes them -> ``((tgt_len, B, C), tokens)``."""
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:  # only the newest token is decoded
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            positions = positions[:, -1:] if positions is not None else None
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x = x + positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        return self.dropout_module(x).transpose(0, 1), prev_output_tokens  # B x T x C -> T x B x C
+
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
+                                    incremental_state=None, full_context_alignment: bool = False,
+                                    alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
+        """Returns ``(features (B, tgt_len, C), extra)``; no attention weights (no alignment)."""
+        enc = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
+        enc_mask = (encoder_out["encoder_padding_mask"][0]
+                    if encoder_out and encoder_out["encoder_padding_mask"] else None)
+        x, tokens = self.embed(prev_output_tokens, incremental_state)
+        padding_mask = tokens.eq(self.padding_idx)
+        self_attn_padding_mask = padding_mask if padding_mask.any() else None
+        self_attn_mask = self.buffered_future_mask(x) if incremental_state is None else None
+        inner_states: List[Optional[Tensor]] = [x]
+        x, aux = self.run_layers(x, enc, enc_mask, incremental_state, self_attn_mask, self_attn_padding_mask,
+                                 padding_mask, inner_states)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)  # T x B x C -> B x T x C
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [None], "inner_states": inner_states, **aux}

@@ -21,7 +21,6 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
-    TransformerEncoderBase,
     base_architecture,
 )
 from fairseq.modules import LayerNorm, MultiheadAttention
@@ -31,7 +30,7 @@ from torch import Tensor
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.moe import Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
-from .base import WideTransformerModel, added_defaults
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults
 from .presets import MULTI30K_BODY, set_defaults
 from .validation import require, require_positive, validate_transformer_sizes
 
@@ -241,8 +240,9 @@ class RoutingGroups:
         self.aux["moe_load"].append(torch.bincount(routing.expert[routing.kept], minlength=routing.num_experts).float())
 
 
-class WideNetEncoder(TransformerEncoderBase):
-    """Pre-norm encoder whose blocks share one self-attention and one MoE layer."""
+class WideNetEncoder(LayerLoopEncoder):
+    """Pre-norm encoder whose blocks share one self-attention and one MoE layer; its
+    ``encoder_out`` holds :data:`MOE_KEYS` (one entry per routing call)."""
 
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
@@ -252,36 +252,20 @@ class WideNetEncoder(TransformerEncoderBase):
     def build_encoder_layer(self, cfg):
         return build_block(self, WideNetEncoderLayer, cfg)
 
-    def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
-                           token_embeddings: Optional[Tensor] = None):
-        """Returns fairseq's encoder_out dict plus :data:`MOE_KEYS` (one entry per routing call)."""
-        padding_mask = src_tokens.eq(self.padding_idx)
-        x, embedding = self.forward_embedding(src_tokens, token_embeddings)
-        x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
-        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+    def run_layers(self, x, padding_mask, states):
         groups = RoutingGroups(len(self.layers), self.routing_groups)
-        states = [x] if return_all_hiddens else []
         for i, layer in enumerate(self.layers):
             reuse = groups.for_layer(i)
             x, routing = layer(x, padding_mask, reuse)
             groups.record(routing, reused=reuse is not None)
-            if return_all_hiddens:
+            if states is not None:
                 states.append(x)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
-        return {"encoder_out": [x], "encoder_padding_mask": [padding_mask], "encoder_embedding": [embedding],
-                "encoder_states": states, "fc_results": [], "src_tokens": [], "src_lengths": [src_lengths],
-                **groups.aux}
-
-    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
-        """fairseq's reordering; the auxiliary MoE outputs are carried over unchanged (batch statistics)."""
-        reordered = super().reorder_encoder_out(encoder_out, new_order)
-        return {**reordered, **{key: encoder_out[key] for key in MOE_KEYS if key in encoder_out}}
+        return x, groups.aux
 
 
-class WideNetDecoder(TransformerDecoderBase):
-    """Pre-norm decoder whose blocks share one self-attention, one cross-attention and one MoE layer."""
+class WideNetDecoder(LayerLoopDecoder):
+    """Pre-norm decoder whose blocks share one self-attention, one cross-attention and one MoE
+    layer; its ``extra`` holds :data:`MOE_KEYS` of the decoder's routing calls."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
@@ -291,47 +275,16 @@ class WideNetDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return build_block(self, WideNetDecoderLayer, cfg)
 
-    def embed(self, prev_output_tokens, incremental_state):
-        """Token + position embeddings as fairseq's decoder computes them -> ``(tgt_len, B, C)``."""
-        positions = None
-        if self.embed_positions is not None:
-            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
-        if incremental_state is not None:  # only the newest token is decoded
-            prev_output_tokens = prev_output_tokens[:, -1:]
-            positions = positions[:, -1:] if positions is not None else None
-        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if positions is not None:
-            x = x + positions
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        return self.dropout_module(x).transpose(0, 1), prev_output_tokens  # B x T x C -> T x B x C
-
-    def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
-                                    incremental_state=None, full_context_alignment: bool = False,
-                                    alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        """Returns ``(features (B, tgt_len, C), extra)``; extra holds :data:`MOE_KEYS` of the decoder's calls."""
-        enc = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
-        enc_mask = (encoder_out["encoder_padding_mask"][0]
-                    if encoder_out and encoder_out["encoder_padding_mask"] else None)
-        x, tokens = self.embed(prev_output_tokens, incremental_state)
-        padding_mask = tokens.eq(self.padding_idx)
-        self_attn_padding_mask = padding_mask if padding_mask.any() else None
-        self_attn_mask = self.buffered_future_mask(x) if incremental_state is None else None
+    def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                   self_attn_padding_mask, padding_mask, inner_states):
         groups = RoutingGroups(len(self.layers), self.routing_groups)
-        inner_states: List[Optional[Tensor]] = [x]
         for i, layer in enumerate(self.layers):
             reuse = groups.for_layer(i)
-            x, routing = layer(x, enc, enc_mask, incremental_state, self_attn_mask, self_attn_padding_mask, reuse)
+            x, routing = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                               self_attn_padding_mask, reuse)
             groups.record(routing, reused=reuse is not None)
             inner_states.append(x)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        x = x.transpose(0, 1)  # T x B x C -> B x T x C
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
-        return x, {"attn": [None], "inner_states": inner_states, **groups.aux}
+        return x, groups.aux
 
 
 def validate_widenet_config(args):
