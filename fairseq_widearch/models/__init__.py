@@ -1,7 +1,9 @@
 """Architectures; importing a module registers its model and presets with fairseq."""
-from . import multipath_transformer, widenet
+from . import latent_depth_transformer, multipath_transformer, widenet
+from .latent_depth_transformer import LatentDepthConfig, LatentDepthTransformerModel
 from .multipath_transformer import MultiPathTransformerConfig, MultiPathTransformerModel
 from .widenet import WideNetConfig, WideNetModel
 
-__all__ = ["multipath_transformer", "widenet", "MultiPathTransformerConfig", "MultiPathTransformerModel",
-           "WideNetConfig", "WideNetModel"]
+__all__ = ["latent_depth_transformer", "multipath_transformer", "widenet", "LatentDepthConfig",
+           "LatentDepthTransformerModel", "MultiPathTransformerConfig", "MultiPathTransformerModel", "WideNetConfig",
+           "WideNetModel"]

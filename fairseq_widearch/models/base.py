@@ -21,6 +21,11 @@ def added_defaults(config_cls) -> dict:
     return {f.name: f.default for f in fields(config_cls) if f.name not in base}
 
 
+#: Keys of fairseq's own ``encoder_out``; any other key is an auxiliary output of the model.
+FAIRSEQ_ENCODER_OUT_KEYS = {"encoder_out", "encoder_padding_mask", "encoder_embedding", "encoder_states",
+                            "fc_results", "src_tokens", "src_lengths"}
+
+
 class WideTransformerModel(TransformerModel):
     """Subclasses set ``config`` (a TransformerConfig subclass whose fields are the model's flags),
     ``encoder_class`` and ``decoder_class``, and implement ``base_preset(args)`` and
@@ -48,6 +53,20 @@ class WideTransformerModel(TransformerModel):
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         return cls.decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
+                features_only: bool = False, alignment_layer: Optional[int] = None,
+                alignment_heads: Optional[int] = None):
+        """fairseq's encoder-decoder forward; the decoder's ``extra`` also gets the encoder's
+        auxiliary outputs (keys beyond fairseq's own), encoder entries first, for the criterion."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
+        out, extra = self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+                                  alignment_layer=alignment_layer, alignment_heads=alignment_heads,
+                                  src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
+        for key, value in encoder_out.items():
+            if key not in FAIRSEQ_ENCODER_OUT_KEYS:
+                extra[key] = value + extra.get(key, [])
+        return out, extra
 
     @staticmethod
     def base_preset(args):

@@ -331,19 +331,6 @@ class WideNetModel(WideTransformerModel):
             return TransformerDecoderBase(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
         return super().build_decoder(cfg, tgt_dict, embed_tokens)
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
-                features_only: bool = False, alignment_layer: Optional[int] = None,
-                alignment_heads: Optional[int] = None):
-        """fairseq's encoder-decoder forward; ``extra`` gets the encoder's MoE outputs before the
-        decoder's (:data:`MOE_KEYS`), for the criterion."""
-        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
-        out, extra = self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
-                                  alignment_layer=alignment_layer, alignment_heads=alignment_heads,
-                                  src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
-        for key in MOE_KEYS:
-            extra[key] = encoder_out[key] + extra.get(key, [])
-        return out, extra
-
 
 @register_model_architecture("widenet", "widenet")
 def widenet(args):

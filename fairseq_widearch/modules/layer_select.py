@@ -10,6 +10,8 @@ Bernoulli with logit α_l; training uses the two-class Gumbel-softmax of Eq. 5, 
 (one logit per layer: α_l = α_l(1) − α_l(0)). Inference is deterministic: the expected z (soft
 weights σ(α_l)) or a hard selection σ(α_l) > threshold.
 """
+from typing import Dict, List
+
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -75,6 +77,13 @@ class LayerSelect(nn.Module):
     def probs(self, posterior: int = 0) -> Tensor:
         """q(z_l = 1) = σ(α_l) for every layer, ``(L,)``."""
         return torch.sigmoid(self.logits[posterior])
+
+    def outputs(self, stack: str, z: Tensor) -> Dict[str, List[Tensor]]:
+        """The auxiliary outputs of one forward pass of ``stack`` (``encoder``/``decoder``):
+        ``latent_probs_<stack>`` q(z = 1) ``(L,)``, ``latent_samples_<stack>`` z ``(L,)`` and
+        ``latent_num_updates`` (for the criterion's KL annealing)."""
+        return {f"latent_probs_{stack}": [self.probs()], f"latent_samples_{stack}": [z],
+                "latent_num_updates": [torch.tensor(float(self.num_updates))]}
 
     def forward(self, posterior: int = 0) -> Tensor:
         """z ``(L,)``: a Gumbel-sigmoid sample in training (Eq. 5), deterministic at inference."""

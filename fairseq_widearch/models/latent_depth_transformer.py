@@ -1,0 +1,223 @@
+"""Latent-depth Transformer (Li et al. 2020, "Deep Transformers with Latent Depth", NeurIPS 2020).
+
+A pre-norm Transformer whose latent stacks (encoder: LL-E, decoder: LL-D, both: LL-Both) scale
+every residual branch of layer l by one selection weight z_l (Eq. 2, reading (A) of the paper
+summary: the same z_l on the self-attention, cross-attention and FFN branches of layer l):
+
+    x ← x + z_l · SubLayer(LN(x))       for every sub-layer of layer l
+
+z comes from :class:`~fairseq_widearch.modules.LayerSelect`: Gumbel-sigmoid samples in training
+(Eq. 5), deterministic at inference (expected z, or hard selection with z = 0 layers skipped).
+Layers subclass fairseq's own, so parameter names equal a stock pre-norm ``transformer``'s.
+The posterior q(z = 1) and the samples z of each latent stack travel in ``encoder_out`` /
+``extra`` (``latent_probs_encoder``/``latent_samples_encoder``, the ``_decoder`` pair, and
+``latent_num_updates`` for the criterion's schedules); see ``LayerSelect.outputs``.
+"""
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    base_architecture,
+)
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from torch import Tensor
+
+from ..modules.layer_select import INFERENCE_MODES, LayerSelect
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults
+from .presets import MULTI30K_BODY, set_defaults
+from .validation import require, validate_transformer_sizes
+
+
+@dataclass
+class LatentDepthConfig(TransformerConfig):
+    """Flags of ``latent_depth_transformer`` on top of fairseq's :class:`TransformerConfig`."""
+
+    encoder_latent_layer: bool = field(default=False, metadata={"help": "latent layers in the encoder (LL-E)"})
+    decoder_latent_layer: bool = field(default=False, metadata={"help": "latent layers in the decoder (LL-D)"})
+    latent_logit_init: float = field(
+        default=0.0, metadata={"help": "initial logit α_l of every layer (0: q(z_l = 1) = 0.5)"}
+    )
+    latent_temperature: float = field(default=5.0, metadata={"help": "Gumbel-sigmoid temperature τ at update 0 (Eq. 5)"})
+    latent_min_temperature: float = field(
+        default=5.0, metadata={"help": "τ at the end of --latent-temperature-anneal-updates (exponential decay)"}
+    )
+    latent_temperature_anneal_updates: int = field(default=0, metadata={"help": "τ anneal window; 0 = constant τ"})
+    latent_soft_updates: int = field(
+        default=-1, metadata={"help": "straight-through hard samples of z after this many updates; -1 = always soft"}
+    )
+    latent_inference: ChoiceEnum(INFERENCE_MODES) = field(
+        default="soft", metadata={"help": "z at inference: soft = q(z_l = 1), hard = 1[q > threshold] (z = 0 layers skipped)"}
+    )
+    latent_threshold: float = field(default=0.5, metadata={"help": "threshold of hard selection"})
+
+
+_LATENT_DEFAULTS = added_defaults(LatentDepthConfig)
+
+
+def build_layer_select(cfg, num_layers: int) -> LayerSelect:
+    return LayerSelect(num_layers, 1, cfg.latent_logit_init, cfg.latent_temperature, cfg.latent_min_temperature,
+                       cfg.latent_temperature_anneal_updates, cfg.latent_soft_updates, cfg.latent_inference,
+                       cfg.latent_threshold)
+
+
+class LatentEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's pre-norm encoder layer with both residual branches scaled by z_l (Eq. 2)."""
+
+    def forward(self, x, encoder_padding_mask, z: Tensor):
+        """x ``(src_len, B, C)``, encoder_padding_mask ``(B, src_len)`` or None, z scalar -> ``(src_len, B, C)``."""
+        h = self.self_attn_layer_norm(x)
+        h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=encoder_padding_mask, need_weights=False)
+        x = x + z * self.dropout_module(h)
+        h = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x)))))
+        return x + z * self.dropout_module(h)
+
+
+class LatentDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's pre-norm decoder layer with its three residual branches scaled by z_l (Eq. 2)."""
+
+    def forward(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                self_attn_padding_mask, z: Tensor):
+        """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)``, z scalar -> ``(tgt_len, B, C)``."""
+        h = self.self_attn_layer_norm(x)
+        h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
+                              incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
+        x = x + z * self.dropout_module(h)
+        h = self.encoder_attn_layer_norm(x)
+        h, _ = self.encoder_attn(query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
+                                 incremental_state=incremental_state, static_kv=True, need_weights=False)
+        x = x + z * self.dropout_module(h)
+        h = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x)))))
+        return x + z * self.dropout_module(h)
+
+
+def _skipped(select: LayerSelect, z: Tensor, index: int) -> bool:
+    """A hard-deselected layer at inference is not computed at all (the pruned model)."""
+    return not select.training and select.inference == "hard" and not bool(z[index])
+
+
+class LatentDepthEncoder(LayerLoopEncoder):
+    """Encoder of latent layers: ``extra`` keys ``latent_probs_encoder``, ``latent_samples_encoder``."""
+
+    def __init__(self, cfg, dictionary, embed_tokens):
+        super().__init__(cfg, dictionary, embed_tokens)
+        self.layer_select = build_layer_select(cfg, cfg.encoder.layers)
+
+    def build_encoder_layer(self, cfg):
+        return LatentEncoderLayer(cfg)
+
+    def run_layers(self, x, padding_mask, states):
+        z = self.layer_select()
+        mask = padding_mask if padding_mask.any() else None
+        for i, layer in enumerate(self.layers):
+            if not _skipped(self.layer_select, z, i):
+                x = layer(x, mask, z[i].to(x.dtype))
+            if states is not None:
+                states.append(x)
+        return x, self.layer_select.outputs("encoder", z)
+
+
+class LatentDepthDecoder(LayerLoopDecoder):
+    """Decoder of latent layers: ``extra`` keys ``latent_probs_decoder``, ``latent_samples_decoder``."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        self.layer_select = build_layer_select(cfg, cfg.decoder.layers)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return LatentDecoderLayer(cfg, no_encoder_attn)
+
+    def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                   self_attn_padding_mask, padding_mask, inner_states):
+        z = self.layer_select()
+        for i, layer in enumerate(self.layers):
+            if not _skipped(self.layer_select, z, i):
+                x = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                          self_attn_padding_mask, z[i].to(x.dtype))
+            inner_states.append(x)
+        return x, self.layer_select.outputs("decoder", z)
+
+
+def validate_latent_depth_config(args):
+    """Raise ``ValueError`` naming the flag and value of the first invalid setting."""
+    validate_transformer_sizes(args)
+    require(args.encoder_latent_layer or args.decoder_latent_layer,
+            "latent_depth_transformer needs --encoder-latent-layer and/or --decoder-latent-layer")
+    require(args.encoder_normalize_before and args.decoder_normalize_before,
+            "latent layers are pre-norm (Li et al. 2020, Eq. 1): --encoder-normalize-before and "
+            "--decoder-normalize-before are required")
+    require(0 < args.latent_threshold < 1, f"--latent-threshold must be in (0, 1), got {args.latent_threshold}")
+
+
+@register_model("latent_depth_transformer")
+class LatentDepthTransformerModel(WideTransformerModel):
+    """Latent-depth Transformer (Li et al. 2020), bilingual. Flags: :class:`LatentDepthConfig`;
+    presets ``latent_depth_transformer_{lld_12_24, lld_12_48, llboth_36_36, llboth_48_48,
+    llboth_64_64, multi30k, tiny}``. A non-latent stack is fairseq's own pre-norm stack."""
+
+    config = LatentDepthConfig
+
+    @staticmethod
+    def base_preset(args):
+        latent_depth_transformer(args)
+
+    @staticmethod
+    def validate(args):
+        validate_latent_depth_config(args)
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        if cfg.encoder_latent_layer:
+            return LatentDepthEncoder(cfg, src_dict, embed_tokens)
+        return TransformerEncoderBase(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        if cfg.decoder_latent_layer:
+            return LatentDepthDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return TransformerDecoderBase(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+@register_model_architecture("latent_depth_transformer", "latent_depth_transformer")
+def latent_depth_transformer(args):
+    """Base preset: the body that fits Table 1's counts (d = 512, FFN 1024, 8 heads, pre-norm,
+    tied decoder input/output embeddings, separate vocabularies), latent decoder (LL-D)."""
+    set_defaults(args, **{**_LATENT_DEFAULTS, "decoder_latent_layer": True}, encoder_ffn_embed_dim=1024,
+                 encoder_normalize_before=True, decoder_normalize_before=True,
+                 share_decoder_input_output_embed=True)
+    base_architecture(args)
+
+
+def _table1_preset(encoder_layers: int, decoder_layers: int, latent_encoder: bool):
+    def preset(args):
+        set_defaults(args, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+                     encoder_latent_layer=latent_encoder, decoder_latent_layer=True)
+        latent_depth_transformer(args)
+
+    kind = "LL-Both" if latent_encoder else "LL-D"
+    preset.__doc__ = f"Li et al. 2020, Table 1: {kind}, {encoder_layers}/{decoder_layers} layers."
+    return preset
+
+
+for _name, _shape in {"lld_12_24": (12, 24, False), "lld_12_48": (12, 48, False), "llboth_36_36": (36, 36, True),
+                      "llboth_48_48": (48, 48, True), "llboth_64_64": (64, 64, True)}.items():
+    register_model_architecture("latent_depth_transformer", f"latent_depth_transformer_{_name}")(
+        _table1_preset(*_shape))
+
+
+@register_model_architecture("latent_depth_transformer", "latent_depth_transformer_multi30k")
+def latent_depth_transformer_multi30k(args):
+    """Quick-start size (the shared Multi30k body) with 6 latent decoder layers (LL-D 3/6)."""
+    set_defaults(args, **{**MULTI30K_BODY, "decoder_layers": 6})
+    latent_depth_transformer(args)
+
+
+@register_model_architecture("latent_depth_transformer", "latent_depth_transformer_tiny")
+def latent_depth_transformer_tiny(args):
+    """Tiny model for tests: LL-Both, 2 encoder and 3 decoder layers, d = 32."""
+    set_defaults(args, encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=4, encoder_layers=2,
+                 decoder_layers=3, decoder_attention_heads=4, encoder_latent_layer=True)
+    latent_depth_transformer(args)

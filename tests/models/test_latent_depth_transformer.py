@@ -1,0 +1,177 @@
+"""latent_depth_transformer (Li et al. 2020): Eq. 2 against fairseq's pre-norm Transformer,
+deterministic inference, skipped layers, Table 1 presets, config errors."""
+import re
+
+import pytest
+import torch
+
+from fairseq_widearch.cli.stats import model_stats
+from fairseq_widearch.model_builder import build_model, dummy_dictionary
+
+VOCAB = 40
+FLAGS = ["--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4",
+         "--decoder-attention-heads", "4", "--encoder-layers", "2", "--decoder-layers", "3"]
+
+
+def batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (3, 7), generator=g)
+    src[0, :2] = 1
+    prev = torch.randint(4, VOCAB, (3, 6), generator=g)
+    prev[:, 0] = 2
+    return src, torch.tensor([5, 7, 7]), prev
+
+
+def latent_model(*flags):
+    return build_model("latent_depth_transformer_tiny", list(flags), src_dict=dummy_dictionary(VOCAB))
+
+
+def stock_prenorm(decoder_layers=3):
+    flags = [f if f != "3" else str(decoder_layers) for f in FLAGS]
+    return build_model("transformer", flags + ["--encoder-normalize-before", "--decoder-normalize-before",
+                                                "--share-decoder-input-output-embed"],
+                       src_dict=dummy_dictionary(VOCAB)).eval()
+
+
+def set_logits(model, encoder, decoder):
+    with torch.no_grad():
+        model.encoder.layer_select.logits[0] = torch.tensor(encoder)
+        model.decoder.layer_select.logits[0] = torch.tensor(decoder)
+
+
+def test_every_layer_selected_equals_fairseq_prenorm_transformer():
+    torch.manual_seed(0)
+    model = latent_model("--latent-inference", "hard").eval()
+    set_logits(model, [9.0, 9.0], [9.0, 9.0, 9.0])  # z = 1 everywhere
+    stock = stock_prenorm()
+    missing, unexpected = stock.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and all("layer_select" in key for key in unexpected)  # same parameter names
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, lengths, prev)[0], stock(src, lengths, prev)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_hard_selection_skips_deselected_layers_like_a_pruned_model():
+    torch.manual_seed(0)
+    model = latent_model("--latent-inference", "hard").eval()
+    set_logits(model, [9.0, 9.0], [9.0, -9.0, 9.0])  # decoder layer 1 deselected
+    state = {}
+    for key, value in model.state_dict().items():  # keep decoder layers 0 and 2 as 0 and 1
+        match = re.match(r"decoder\.layers\.(\d+)\.(.*)", key)
+        if match is None:
+            state[key] = value
+        elif match[1] != "1":
+            state[f"decoder.layers.{0 if match[1] == '0' else 1}.{match[2]}"] = value
+    pruned = stock_prenorm(decoder_layers=2)
+    pruned.load_state_dict(state, strict=False)
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, lengths, prev)[0], pruned(src, lengths, prev)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_inference_is_deterministic_and_training_samples():
+    torch.manual_seed(0)
+    model = latent_model()
+    src, lengths, prev = batch()
+    model.eval()
+    with torch.no_grad():
+        first, second = model(src, lengths, prev), model(src, lengths, prev)
+    assert torch.equal(first[0], second[0])
+    torch.testing.assert_close(first[1]["latent_samples_decoder"][0], torch.full((3,), 0.5))  # soft: q(z=1)
+    model.train()
+    samples = model(src, lengths, prev)[1]["latent_samples_encoder"][0]
+    assert ((samples > 0) & (samples < 1)).all() and not torch.allclose(samples, torch.full((2,), 0.5))
+
+
+def test_schedules_advance_through_set_num_updates():
+    model = latent_model("--latent-soft-updates", "5")
+    model.set_num_updates(7)
+    assert model.encoder.layer_select.num_updates == 7 and model.decoder.layer_select.num_updates == 7
+    model.train()
+    z = model(*batch())[1]["latent_samples_decoder"][0]
+    assert set(z.tolist()) <= {0.0, 1.0}  # straight-through hard samples after --latent-soft-updates
+
+
+def test_decoder_only_latent_layers_keep_fairseqs_encoder():
+    model = build_model("latent_depth_transformer", FLAGS, vocab_size=VOCAB)
+    assert type(model.encoder).__name__ == "TransformerEncoderBase"
+    assert "latent_samples_decoder" in model(*batch())[1]
+
+
+# Table 1 (WMT16 En-De): d = 512, FFN 1024, separate vocabularies of ~33k types, tied decoder embeddings.
+TABLE1_PARAMS = {"lld_12_24": 135, "lld_12_48": 211, "llboth_36_36": 224, "llboth_48_48": 287, "llboth_64_64": 371}
+
+
+@pytest.mark.parametrize("preset,paper", sorted(TABLE1_PARAMS.items()))
+def test_table1_preset_parameter_counts_within_3_percent(preset, paper):
+    stats = model_stats(f"latent_depth_transformer_{preset}", vocab_size=33000)
+    assert abs(stats["params"] / 1e6 - paper) / paper < 0.03, stats
+
+
+@pytest.mark.parametrize("flags,overrides,message", [
+    (["--latent-threshold", "1.5"], {}, "--latent-threshold must be in (0, 1), got 1.5"),
+    ([], {"encoder_latent_layer": False, "decoder_latent_layer": False},
+     "needs --encoder-latent-layer and/or --decoder-latent-layer"),
+    (["--latent-temperature", "0"], {}, "--latent-temperature and --latent-min-temperature must be > 0"),
+    ([], {"decoder_normalize_before": False}, "--decoder-normalize-before are required"),
+])
+def test_invalid_configs_fail_at_build_time_naming_the_flag(flags, overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_model("latent_depth_transformer_tiny", flags, vocab_size=VOCAB, **overrides)
+
+
+# --- criterion: latent_depth_label_smoothed_cross_entropy (Eq. 8) ---
+from types import SimpleNamespace  # noqa: E402
+
+from fairseq_widearch.criterions import LatentDepthCriterion  # noqa: E402
+from conftest import train  # noqa: E402
+
+
+def criterion(**kw):
+    return LatentDepthCriterion(SimpleNamespace(target_dictionary=dummy_dictionary(VOCAB)), False, 0.1, **kw)
+
+
+def extra(probs, samples, num_updates=0.0):
+    return {"latent_probs_decoder": [torch.tensor(probs)], "latent_samples_decoder": [torch.tensor(samples)],
+            "latent_num_updates": [torch.tensor(num_updates)]}
+
+
+def test_kl_against_a_beta_prior_matches_its_closed_form():
+    q, a, b = torch.tensor([0.9, 0.2, 0.5]), 3.0, 1.0
+    p = a / (a + b)
+    closed_form = (q * torch.log(q / p) + (1 - q) * torch.log((1 - q) / (1 - p))).sum()
+    aux, stats = criterion(latent_prior="beta", latent_prior_beta="3,1").auxiliary(
+        extra(q.tolist(), [1.0, 0.0, 1.0]), torch.zeros(()))
+    torch.testing.assert_close(stats["latent_kl"], closed_form)
+    torch.testing.assert_close(aux, closed_form)  # β = 1, no annealing, no target depth
+
+
+def test_kl_annealing_and_target_depth_loss():
+    crit = criterion(latent_kl_weight=2.0, latent_kl_anneal_updates=100, latent_target_layers=1,
+                     latent_depth_weight=0.5)
+    half, stats = crit.auxiliary(extra([0.5, 0.5, 0.5], [1.0, 0.0, 1.0], num_updates=50.0), torch.zeros(()))
+    assert stats["latent_depth_loss"].item() == 1.0 and stats["latent_depth_decoder"].item() == 2.0  # (2 - 1)^2
+    assert stats["latent_kl"].item() == pytest.approx(0.0, abs=1e-6)  # q = uniform prior
+    assert half.item() == pytest.approx(0.0, abs=1e-6)  # L_K waits for the end of the KL ramp
+    done, _ = crit.auxiliary(extra([0.9, 0.5, 0.5], [1.0, 0.0, 1.0], num_updates=100.0), torch.zeros(()))
+    kl = (0.9 * torch.log(torch.tensor(1.8)) + 0.1 * torch.log(torch.tensor(0.2))).item()
+    assert done.item() == pytest.approx(2.0 * kl + 0.5 * 1.0, rel=1e-4)
+    ramp, _ = crit.auxiliary(extra([0.9, 0.5, 0.5], [1.0, 0.0, 1.0], num_updates=25.0), torch.zeros(()))
+    assert ramp.item() == pytest.approx(0.25 * 2.0 * kl, rel=1e-4)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(latent_target_layers=4), "--latent-target-layers 4 exceeds the 3 latent layers of the decoder"),
+    (dict(latent_prior_beta="3"), "--latent-prior-beta must be 'a,b' with a, b > 0"),
+])
+def test_criterion_config_errors(kw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        criterion(**kw).auxiliary(extra([0.5] * 3, [1.0] * 3), torch.zeros(()))
+
+
+def test_criterion_end_to_end_logs_every_term(multi30k_bin, tmp_path):
+    log = train(multi30k_bin, tmp_path, "latent_depth_transformer_tiny", "--criterion",
+                "latent_depth_label_smoothed_cross_entropy", "--latent-target-layers", "2", max_update=3).stdout
+    line = [ln for ln in log.splitlines() if "| train |" in ln][-1]
+    for key in ("ce_loss", "latent_kl", "latent_depth_loss", "latent_depth_encoder", "latent_depth_decoder"):
+        assert f"{key} " in line, line
