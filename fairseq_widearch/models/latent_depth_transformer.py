@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..modules.layer_select import INFERENCE_MODES, LayerSelect
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults
-from .presets import MULTI30K_BODY, set_defaults
+from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import require, validate_transformer_sizes
 
 
@@ -191,21 +191,12 @@ def latent_depth_transformer(args):
     base_architecture(args)
 
 
-def _table1_preset(encoder_layers: int, decoder_layers: int, latent_encoder: bool):
-    def preset(args):
-        set_defaults(args, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
-                     encoder_latent_layer=latent_encoder, decoder_latent_layer=True)
-        latent_depth_transformer(args)
-
-    kind = "LL-Both" if latent_encoder else "LL-D"
-    preset.__doc__ = f"Li et al. 2020, Table 1: {kind}, {encoder_layers}/{decoder_layers} layers."
-    return preset
-
-
-for _name, _shape in {"lld_12_24": (12, 24, False), "lld_12_48": (12, 48, False), "llboth_36_36": (36, 36, True),
-                      "llboth_48_48": (48, 48, True), "llboth_64_64": (64, 64, True)}.items():
-    register_model_architecture("latent_depth_transformer", f"latent_depth_transformer_{_name}")(
-        _table1_preset(*_shape))
+for _name, (_enc, _dec, _both) in {"lld_12_24": (12, 24, False), "lld_12_48": (12, 48, False),
+                                   "llboth_36_36": (36, 36, True), "llboth_48_48": (48, 48, True),
+                                   "llboth_64_64": (64, 64, True)}.items():
+    register_preset("latent_depth_transformer", f"latent_depth_transformer_{_name}", latent_depth_transformer,
+                    f"Li et al. 2020, Table 1: {'LL-Both' if _both else 'LL-D'}, {_enc}/{_dec} layers.",
+                    encoder_layers=_enc, decoder_layers=_dec, encoder_latent_layer=_both, decoder_latent_layer=True)
 
 
 @register_model_architecture("latent_depth_transformer", "latent_depth_transformer_multi30k")

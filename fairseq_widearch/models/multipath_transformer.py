@@ -32,7 +32,7 @@ from ..modules.multi_path import (
     PathFusion,
 )
 from .base import WideTransformerModel, added_defaults
-from .presets import MULTI30K_BODY, set_defaults
+from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import require, require_positive, validate_transformer_sizes
 
 
@@ -185,22 +185,11 @@ def multipath_transformer(args):
     base_architecture(args)
 
 
-def _table2_preset(layers: int, paths: int):
-    """Table 2 row: ``layers`` encoder layers of ``paths`` paths, 6-layer decoder, shared vocabulary."""
-
-    def preset(args):
-        set_defaults(args, encoder_layers=layers, encoder_paths=paths, share_all_embeddings=True)
-        multipath_transformer(args)
-
-    preset.__doc__ = f"Lin et al. 2022, Table 2: {layers}-layer {paths}-path encoder, 6-layer decoder."
-    return preset
-
-
 TABLE2 = [(6, 2), (12, 2), (6, 4), (12, 3), (6, 6), (24, 2), (12, 4), (6, 8)]
-for _layers, _paths in TABLE2:
-    register_model_architecture("multipath_transformer", f"multipath_transformer_{_layers}l_{_paths}p")(
-        _table2_preset(_layers, _paths)
-    )
+for _layers, _paths in TABLE2:  # Table 2 rows: L-layer P-path encoder, 6-layer decoder, shared vocabulary
+    register_preset("multipath_transformer", f"multipath_transformer_{_layers}l_{_paths}p", multipath_transformer,
+                    f"Lin et al. 2022, Table 2: {_layers}-layer {_paths}-path encoder, 6-layer decoder.",
+                    encoder_layers=_layers, encoder_paths=_paths, share_all_embeddings=True)
 
 
 @register_model_architecture("multipath_transformer", "multipath_transformer_multi30k")

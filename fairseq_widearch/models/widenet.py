@@ -31,7 +31,7 @@ from ..modules.encoder_layer import EncoderLayer
 from ..modules.moe import Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults
-from .presets import MULTI30K_BODY, set_defaults
+from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import require, require_positive, validate_transformer_sizes
 
 #: Keys of the auxiliary MoE outputs, each a list with one entry per routing call.
@@ -347,20 +347,13 @@ def widenet_wmt_en_de(args):
     widenet(args)
 
 
-def _vit_body(dim: int, heads: int, ffn: int, blocks: int):
-    """WideNet-B/L/H body (ViT-B/L/H widths, Sec. 4.1) in both stacks, E = 4, K = 2."""
-
-    def preset(args):
-        set_defaults(args, encoder_embed_dim=dim, encoder_attention_heads=heads, encoder_ffn_embed_dim=ffn,
-                     encoder_layers=blocks, decoder_attention_heads=heads, decoder_layers=blocks)
-        widenet(args)
-
-    preset.__doc__ = f"Xue et al. 2022: d = {dim}, {heads} heads, FFN {ffn}, {blocks} blocks, E = 4, K = 2."
-    return preset
-
-
-for _name, _body in {"b": (768, 12, 4096, 12), "l": (1024, 16, 4096, 24), "h": (1280, 16, 5120, 32)}.items():
-    register_model_architecture("widenet", f"widenet_{_name}")(_vit_body(*_body))
+for _name, (_dim, _heads, _ffn, _blocks) in {"b": (768, 12, 4096, 12), "l": (1024, 16, 4096, 24),
+                                              "h": (1280, 16, 5120, 32)}.items():
+    register_preset("widenet", f"widenet_{_name}", widenet,
+                    f"Xue et al. 2022, WideNet-{_name.upper()} body (ViT widths, Sec. 4.1) in both stacks: d = {_dim}, "
+                    f"{_heads} heads, FFN {_ffn}, {_blocks} blocks, E = 4, K = 2.",
+                    encoder_embed_dim=_dim, encoder_attention_heads=_heads, encoder_ffn_embed_dim=_ffn,
+                    encoder_layers=_blocks, decoder_attention_heads=_heads, decoder_layers=_blocks)
 
 
 @register_model_architecture("widenet", "widenet_multi30k")
