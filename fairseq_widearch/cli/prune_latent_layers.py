@@ -1,0 +1,97 @@
+"""Prune a latent-depth checkpoint to a stock fairseq pre-norm ``transformer``.
+
+    python -m fairseq_widearch.cli.prune_latent_layers --checkpoint IN --out OUT [--threshold 0.5]
+
+Keeps the layers whose posterior q(z_l = 1) = σ(α_l) exceeds the threshold (Li et al. 2020,
+Sec. 3: deployment by pruning), renumbers them, drops the selection logits and writes a checkpoint
+of fairseq's own ``transformer`` arch. Its config is stored as plain Python containers, so stock
+fairseq loads it under torch's weights-only loading without this plugin; its translations equal
+the latent model's with ``--latent-inference hard``. Optimizer state is not kept.
+
+Raises:
+    SystemExit: if the checkpoint is not a ``latent_depth_transformer`` or a stack would lose
+        every layer, with a message naming the file.
+"""
+import argparse
+import re
+import sys
+from argparse import Namespace
+
+import torch
+
+import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
+
+STACKS = ("encoder", "decoder")
+
+
+def kept_layers(state_dict, stack: str, threshold: float):
+    """Indices of the layers of ``stack`` with q(z = 1) > threshold; all layers of a static stack."""
+    logits = state_dict.get(f"{stack}.layer_select.logits")
+    if logits is None:
+        return sorted({int(m[1]) for k in state_dict if (m := re.match(rf"{stack}\.layers\.(\d+)\.", k))})
+    return [i for i, q in enumerate(torch.sigmoid(logits[0]).tolist()) if q > threshold]
+
+
+def prune_state_dict(state_dict, kept):
+    """Drop the layers not in ``kept[stack]`` and the selection logits; renumber the rest."""
+    out = {}
+    for key, value in state_dict.items():
+        if ".layer_select." in key:
+            continue
+        match = re.match(r"(encoder|decoder)\.layers\.(\d+)\.(.*)", key)
+        if match is None:
+            out[key] = value
+        elif int(match[2]) in kept[match[1]]:
+            out[f"{match[1]}.layers.{kept[match[1]].index(int(match[2]))}.{match[3]}"] = value
+    return out
+
+
+def plain(value):
+    """A config as plain containers (no Namespace, no omegaconf objects)."""
+    if isinstance(value, Namespace):
+        value = vars(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def prune(checkpoint: str, out: str, threshold: float = 0.5) -> dict:
+    state = torch.load(checkpoint, map_location="cpu")
+    cfg = state["cfg"]
+    model_args = cfg["model"]
+    arch = getattr(model_args, "arch", "")
+    if not arch.startswith("latent_depth_transformer"):
+        sys.exit(f"error: {checkpoint} holds a {arch!r} model, not a latent_depth_transformer")
+    kept = {stack: kept_layers(state["model"], stack, threshold) for stack in STACKS}
+    for stack, layers in kept.items():
+        if not layers:
+            sys.exit(f"error: {checkpoint}: no {stack} layer has q(z = 1) > {threshold}; lower --threshold")
+    args = Namespace(**vars(model_args))
+    for name in list(vars(args)):
+        if name.startswith("latent_") or name.endswith("_latent_layer"):
+            delattr(args, name)
+    args.arch, args._name = "transformer", "transformer"
+    args.encoder_layers, args.decoder_layers = len(kept["encoder"]), len(kept["decoder"])
+    pruned_cfg = plain({**cfg, "model": args})
+    torch.save({"args": None, "cfg": pruned_cfg, "model": prune_state_dict(state["model"], kept),
+                "optimizer_history": plain(state["optimizer_history"]), "extra_state": {}, "last_optimizer_state": None},
+               out)
+    return kept
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="a latent_depth_transformer checkpoint")
+    p.add_argument("--out", required=True, help="where to write the pruned transformer checkpoint")
+    p.add_argument("--threshold", type=float, default=0.5, help="keep layers with q(z = 1) above this")
+    args = p.parse_args(argv)
+    if not 0 < args.threshold < 1:
+        sys.exit(f"error: --threshold must be in (0, 1), got {args.threshold}")
+    kept = prune(args.checkpoint, args.out, args.threshold)
+    print(f"| kept encoder layers {kept['encoder']} and decoder layers {kept['decoder']} -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
