@@ -160,13 +160,8 @@ class LatentDepthTransformerModel(WideTransformerModel):
 
     config = LatentDepthConfig
 
-    @staticmethod
-    def base_preset(args):
-        latent_depth_transformer(args)
-
-    @staticmethod
-    def validate(args):
-        validate_latent_depth_config(args)
+    base_preset = staticmethod(lambda args: latent_depth_transformer(args))  # registered below
+    validate = staticmethod(validate_latent_depth_config)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

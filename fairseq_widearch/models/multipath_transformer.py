@@ -169,13 +169,8 @@ class MultiPathTransformerModel(WideTransformerModel):
     encoder_class = MultiPathTransformerEncoder
     decoder_class = MultiPathTransformerDecoder
 
-    @staticmethod
-    def base_preset(args):
-        multipath_transformer(args)
-
-    @staticmethod
-    def validate(args):
-        validate_multipath_config(args)
+    base_preset = staticmethod(lambda args: multipath_transformer(args))  # registered below
+    validate = staticmethod(validate_multipath_config)
 
 
 @register_model_architecture("multipath_transformer", "multipath_transformer")

@@ -317,13 +317,8 @@ class WideNetModel(WideTransformerModel):
     encoder_class = WideNetEncoder
     decoder_class = WideNetDecoder
 
-    @staticmethod
-    def base_preset(args):
-        widenet(args)
-
-    @staticmethod
-    def validate(args):
-        validate_widenet_config(args)
+    base_preset = staticmethod(lambda args: widenet(args))  # registered below
+    validate = staticmethod(validate_widenet_config)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
