@@ -47,12 +47,22 @@ class WideTransformerModel(TransformerModel):
         return super().build_model(args, task)
 
     @classmethod
+    def encoder_class_for(cls, cfg):
+        """The encoder class for ``cfg``; override where a flag keeps fairseq's own stack."""
+        return cls.encoder_class
+
+    @classmethod
+    def decoder_class_for(cls, cfg):
+        """The decoder class for ``cfg``; override where a flag keeps fairseq's own stack."""
+        return cls.decoder_class
+
+    @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
-        return cls.encoder_class(cfg, src_dict, embed_tokens)
+        return cls.encoder_class_for(cfg)(cfg, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
-        return cls.decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return cls.decoder_class_for(cfg)(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
                 features_only: bool = False, alignment_layer: Optional[int] = None,

@@ -164,16 +164,12 @@ class LatentDepthTransformerModel(WideTransformerModel):
     validate = staticmethod(validate_latent_depth_config)
 
     @classmethod
-    def build_encoder(cls, cfg, src_dict, embed_tokens):
-        if cfg.encoder_latent_layer:
-            return LatentDepthEncoder(cfg, src_dict, embed_tokens)
-        return TransformerEncoderBase(cfg, src_dict, embed_tokens)
+    def encoder_class_for(cls, cfg):
+        return LatentDepthEncoder if cfg.encoder_latent_layer else TransformerEncoderBase
 
     @classmethod
-    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
-        if cfg.decoder_latent_layer:
-            return LatentDepthDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
-        return TransformerDecoderBase(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+    def decoder_class_for(cls, cfg):
+        return LatentDepthDecoder if cfg.decoder_latent_layer else TransformerDecoderBase
 
 
 @register_model_architecture("latent_depth_transformer", "latent_depth_transformer")

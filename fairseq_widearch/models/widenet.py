@@ -321,10 +321,8 @@ class WideNetModel(WideTransformerModel):
     validate = staticmethod(validate_widenet_config)
 
     @classmethod
-    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
-        if cfg.widenet_standard_decoder:
-            return TransformerDecoderBase(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
-        return super().build_decoder(cfg, tgt_dict, embed_tokens)
+    def decoder_class_for(cls, cfg):
+        return TransformerDecoderBase if cfg.widenet_standard_decoder else cls.decoder_class
 
 
 @register_model_architecture("widenet", "widenet")
