@@ -48,6 +48,15 @@ def multi30k_bin(tmp_path_factory, multi30k_dir):
     return work / "bin"
 
 
+@pytest.fixture(scope="session")
+def multi30k_o2m_bin(tmp_path_factory, multi30k_dir):
+    """One-to-many en-de, en-fr, en-cs: first 500 training lines, 1,000 BPE merges, one dictionary."""
+    work = tmp_path_factory.mktemp("multi30k_o2m")
+    run([sys.executable, REPO / "examples" / "multi30k" / "prepare.py", "--data-dir", multi30k_dir,
+         "--work-dir", work, "--tgt", "de,fr,cs", "--max-train-lines", 500, "--bpe-merges", 1000])
+    return work / "bin"
+
+
 TRAIN_FLAGS = ["--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "1024",
                "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--seed", "1",
                "--log-format", "simple", "--log-interval", "1", "--no-epoch-checkpoints", "--disable-validation"]

@@ -1,12 +1,16 @@
 #!/usr/bin/env python
 """Prepare Multi30k (task 1) for fairseq: sacremoses tokenization, subword-nmt joint BPE,
-``fairseq-preprocess --joined-dictionary``.
+``fairseq-preprocess`` with one dictionary shared by all languages.
+
+``--tgt de`` gives a bilingual En-De directory (``--joined-dictionary``); ``--tgt de,fr,cs`` the
+one-to-many directory of ``translation_multi_simple_epoch`` (pairs en-de, en-fr, en-cs; BPE and
+dictionary learnt on all four languages).
 
 Reads raw, untokenized, line-aligned text ``{train,val,test_2016_flickr}.{src,tgt}`` from
 ``--data-dir`` (default: ``$MULTI30K_DIR``, else ``../shared/data/multi30k`` when it exists,
 else the public release is downloaded into ``--work-dir/raw``). Writes
 ``--work-dir/{tok,bpe,bin}``; ``bin`` is the fairseq data directory (splits train/valid/test),
-``bpe/codes`` the BPE codes and ``test.ref.<tgt>`` the raw test reference.
+``bpe/codes`` the BPE codes and ``test.ref.<tgt>`` the raw test reference of each target.
 
 Raises ``SystemExit`` with a message naming what was expected when the data directory is
 missing or malformed.
@@ -32,29 +36,29 @@ def default_data_dir():
     return REPO_SHARED.resolve() if REPO_SHARED.exists() else None
 
 
-def check_data_dir(data_dir, src, tgt):
+def check_data_dir(data_dir, langs):
     """Fail with a message saying what is expected unless every raw file is present,
     non-empty and line-aligned."""
+    expected = f"raw Multi30k text files {{train,val,test_2016_flickr}}.{{{','.join(langs)}}}"
     if not data_dir.is_dir():
-        sys.exit(f"error: data directory {data_dir} does not exist; expected a directory holding "
-                 f"raw Multi30k text files {{train,val,test_2016_flickr}}.{{{src},{tgt}}}")
+        sys.exit(f"error: data directory {data_dir} does not exist; expected a directory holding {expected}")
     for name in SPLITS.values():
-        paths = [data_dir / f"{name}.{lang}" for lang in (src, tgt)]
+        paths = [data_dir / f"{name}.{lang}" for lang in langs]
         missing = [str(p) for p in paths if not p.is_file() or p.stat().st_size == 0]
         if missing:
             sys.exit(f"error: malformed data directory {data_dir}: missing or empty {', '.join(missing)} "
-                     f"(expected raw Multi30k text files {{train,val,test_2016_flickr}}.{{{src},{tgt}}}, "
-                     "one sentence per line)")
+                     f"(expected {expected}, one sentence per line)")
         counts = [sum(1 for _ in open(p, encoding="utf-8")) for p in paths]
-        if counts[0] != counts[1]:
-            sys.exit(f"error: malformed data directory {data_dir}: {paths[0].name} has {counts[0]} lines "
-                     f"but {paths[1].name} has {counts[1]}; the two sides must be line-aligned")
+        for path, count in zip(paths[1:], counts[1:]):
+            if count != counts[0]:
+                sys.exit(f"error: malformed data directory {data_dir}: {paths[0].name} has {counts[0]} lines "
+                         f"but {path.name} has {count}; the sides must be line-aligned")
 
 
-def download(raw_dir, src, tgt):
+def download(raw_dir, langs):
     raw_dir.mkdir(parents=True, exist_ok=True)
     for name in SPLITS.values():
-        for lang in (src, tgt):
+        for lang in langs:
             out = raw_dir / f"{name}.{lang}"
             if out.exists():
                 continue
@@ -76,14 +80,14 @@ def tokenize(in_path, out_path, lang, limit):
             fout.write(tok.tokenize(norm.normalize(line.strip()), escape=False, return_str=True) + "\n")
 
 
-def learn_and_apply_bpe(tok_dir, bpe_dir, src, tgt, merges):
+def learn_and_apply_bpe(tok_dir, bpe_dir, langs, merges):
     from subword_nmt.apply_bpe import BPE
     from subword_nmt.learn_bpe import learn_bpe
 
     codes = bpe_dir / "codes"
     joint = bpe_dir / "train.joint.tok"
     with open(joint, "w", encoding="utf-8") as f:
-        for lang in (src, tgt):
+        for lang in langs:
             f.write((tok_dir / f"train.{lang}").read_text(encoding="utf-8"))
     with open(joint, encoding="utf-8") as fin, open(codes, "w", encoding="utf-8") as fout:
         learn_bpe(fin, fout, merges)
@@ -91,12 +95,34 @@ def learn_and_apply_bpe(tok_dir, bpe_dir, src, tgt, merges):
     with open(codes, encoding="utf-8") as f:
         bpe = BPE(f)
     for split in SPLITS:
-        for lang in (src, tgt):
+        for lang in langs:
             with open(tok_dir / f"{split}.{lang}", encoding="utf-8") as fin, \
                     open(bpe_dir / f"{split}.{lang}", "w", encoding="utf-8") as fout:
                 for line in fin:
                     fout.write(bpe.process_line(line))
     return codes
+
+
+def preprocess(bpe_dir, bin_dir, src, tgt, dictionary_flags, workers):
+    subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
+         "--trainpref", str(bpe_dir / "train"), "--validpref", str(bpe_dir / "valid"),
+         "--testpref", str(bpe_dir / "test"), "--destdir", str(bin_dir), "--workers", str(workers),
+         *dictionary_flags],
+        check=True,
+    )
+
+
+def shared_dictionary(bpe_dir, langs, workers):
+    """One fairseq dictionary over the BPE training text of every language."""
+    with open(bpe_dir / "train.all", "w", encoding="utf-8") as f:
+        for lang in langs:
+            f.write((bpe_dir / f"train.{lang}").read_text(encoding="utf-8"))
+    subprocess.run([sys.executable, "-m", "fairseq_cli.preprocess", "--only-source", "--source-lang", "all",
+                    "--trainpref", str(bpe_dir / "train"), "--destdir", str(bpe_dir), "--dict-only",
+                    "--workers", str(workers)], check=True)
+    (bpe_dir / "train.all").unlink()
+    return bpe_dir / "dict.all.txt"
 
 
 def main(argv=None):
@@ -105,19 +131,21 @@ def main(argv=None):
                    help="raw Multi30k directory (default: $MULTI30K_DIR, ../shared/data/multi30k, else download)")
     p.add_argument("--work-dir", type=Path, required=True, help="output directory")
     p.add_argument("--src", default="en")
-    p.add_argument("--tgt", default="de")
+    p.add_argument("--tgt", default="de", help="target language, or a comma-separated list (one-to-many)")
     p.add_argument("--bpe-merges", type=int, default=8000, help="subword-nmt joint BPE merge operations")
     p.add_argument("--max-train-lines", type=int, default=0, help="use only the first N training pairs (0 = all)")
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args(argv)
+    tgts = args.tgt.split(",")
+    langs = [args.src, *tgts]
 
-    data_dir = args.data_dir or default_data_dir() or download(args.work_dir / "raw", args.src, args.tgt)
-    check_data_dir(data_dir, args.src, args.tgt)
+    data_dir = args.data_dir or default_data_dir() or download(args.work_dir / "raw", langs)
+    check_data_dir(data_dir, langs)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    # The raw test reference, for sacreBLEU against detokenized output.
-    shutil.copy(data_dir / f"{SPLITS['test']}.{args.tgt}", args.work_dir / f"test.ref.{args.tgt}")
+    for tgt in tgts:  # the raw test references, for sacreBLEU against detokenized output
+        shutil.copy(data_dir / f"{SPLITS['test']}.{tgt}", args.work_dir / f"test.ref.{tgt}")
     bin_dir = args.work_dir / "bin"
-    if (bin_dir / "test.{}-{}.{}.bin".format(args.src, args.tgt, args.tgt)).exists():
+    if all((bin_dir / f"test.{args.src}-{tgt}.{tgt}.bin").exists() for tgt in tgts):
         print(f"| {bin_dir} already prepared", flush=True)
         return bin_dir
     tok_dir, bpe_dir = args.work_dir / "tok", args.work_dir / "bpe"
@@ -125,19 +153,19 @@ def main(argv=None):
         d.mkdir(parents=True, exist_ok=True)
     print(f"| tokenizing {data_dir} with sacremoses", flush=True)
     for split, name in SPLITS.items():
-        for lang in (args.src, args.tgt):
+        for lang in langs:
             limit = args.max_train_lines if split == "train" else 0
             tokenize(data_dir / f"{name}.{lang}", tok_dir / f"{split}.{lang}", lang, limit)
     print(f"| learning {args.bpe_merges} joint BPE merges with subword-nmt", flush=True)
-    learn_and_apply_bpe(tok_dir, bpe_dir, args.src, args.tgt, args.bpe_merges)
+    learn_and_apply_bpe(tok_dir, bpe_dir, langs, args.bpe_merges)
     shutil.rmtree(bin_dir, ignore_errors=True)
-    subprocess.run(
-        [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", args.src, "--target-lang", args.tgt,
-         "--trainpref", str(bpe_dir / "train"), "--validpref", str(bpe_dir / "valid"),
-         "--testpref", str(bpe_dir / "test"), "--destdir", str(bin_dir), "--joined-dictionary",
-         "--workers", str(args.workers)],
-        check=True,
-    )
+    if len(tgts) == 1:
+        preprocess(bpe_dir, bin_dir, args.src, tgts[0], ["--joined-dictionary"], args.workers)
+    else:
+        dictionary = shared_dictionary(bpe_dir, langs, args.workers)
+        for tgt in tgts:
+            preprocess(bpe_dir, bin_dir, args.src, tgt, ["--srcdict", dictionary, "--tgtdict", dictionary],
+                       args.workers)
     return bin_dir
 
 

@@ -1,16 +1,19 @@
 """Prune a latent-depth checkpoint to a stock fairseq pre-norm ``transformer``.
 
     python -m fairseq_widearch.cli.prune_latent_layers --checkpoint IN --out OUT [--threshold 0.5]
+                                                       [--lang-pair xx-yy]
 
 Keeps the layers whose posterior q(z_l = 1) = σ(α_l) exceeds the threshold (Li et al. 2020,
 Sec. 3: deployment by pruning), renumbers them, drops the selection logits and writes a checkpoint
 of fairseq's own ``transformer`` arch. Its config is stored as plain Python containers, so stock
 fairseq loads it under torch's weights-only loading without this plugin; its translations equal
-the latent model's with ``--latent-inference hard``. Optimizer state is not kept.
+the latent model's with ``--latent-inference hard``. Optimizer state is not kept. A multilingual
+model (one posterior per language pair) is pruned for the pair ``--lang-pair`` names; the pruned
+model keeps the task config (``translation_multi_simple_epoch``, language tokens).
 
 Raises:
-    SystemExit: if the checkpoint is not a ``latent_depth_transformer`` or a stack would lose
-        every layer, with a message naming the file.
+    SystemExit: if the checkpoint is not a ``latent_depth_transformer``, a stack would lose every
+        layer, or ``--lang-pair`` is missing (multilingual) or unknown, with a message naming the file.
 """
 import argparse
 import re
@@ -24,12 +27,26 @@ import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
 STACKS = ("encoder", "decoder")
 
 
-def kept_layers(state_dict, stack: str, threshold: float):
-    """Indices of the layers of ``stack`` with q(z = 1) > threshold; all layers of a static stack."""
+def kept_layers(state_dict, stack: str, threshold: float, posterior: int = 0):
+    """Indices of the layers of ``stack`` with q(z = 1) > threshold under one posterior; all
+    layers of a static stack."""
     logits = state_dict.get(f"{stack}.layer_select.logits")
     if logits is None:
         return sorted({int(m[1]) for k in state_dict if (m := re.match(rf"{stack}\.layers\.(\d+)\.", k))})
-    return [i for i, q in enumerate(torch.sigmoid(logits[0]).tolist()) if q > threshold]
+    return [i for i, q in enumerate(torch.sigmoid(logits[posterior]).tolist()) if q > threshold]
+
+
+def posterior_index(checkpoint: str, model_args, lang_pair) -> int:
+    """The posterior of ``lang_pair`` (0 for a bilingual model)."""
+    pairs = [p for p in getattr(model_args, "latent_lang_pairs", "").split(",") if p]
+    if not pairs:
+        if lang_pair:
+            sys.exit(f"error: {checkpoint} is bilingual (one posterior); drop --lang-pair")
+        return 0
+    if lang_pair not in pairs:
+        sys.exit(f"error: {checkpoint} has one posterior per language pair; choose one of {pairs} with --lang-pair"
+                 + (f" (got {lang_pair!r})" if lang_pair else ""))
+    return pairs.index(lang_pair)
 
 
 def prune_state_dict(state_dict, kept):
@@ -57,14 +74,15 @@ def plain(value):
     return value
 
 
-def prune(checkpoint: str, out: str, threshold: float = 0.5) -> dict:
+def prune(checkpoint: str, out: str, threshold: float = 0.5, lang_pair: str = None) -> dict:
     state = torch.load(checkpoint, map_location="cpu")
     cfg = state["cfg"]
     model_args = cfg["model"]
     arch = getattr(model_args, "arch", "")
     if not arch.startswith("latent_depth_transformer"):
         sys.exit(f"error: {checkpoint} holds a {arch!r} model, not a latent_depth_transformer")
-    kept = {stack: kept_layers(state["model"], stack, threshold) for stack in STACKS}
+    posterior = posterior_index(checkpoint, model_args, lang_pair)
+    kept = {stack: kept_layers(state["model"], stack, threshold, posterior) for stack in STACKS}
     for stack, layers in kept.items():
         if not layers:
             sys.exit(f"error: {checkpoint}: no {stack} layer has q(z = 1) > {threshold}; lower --threshold")
@@ -86,10 +104,11 @@ def main(argv=None):
     p.add_argument("--checkpoint", required=True, help="a latent_depth_transformer checkpoint")
     p.add_argument("--out", required=True, help="where to write the pruned transformer checkpoint")
     p.add_argument("--threshold", type=float, default=0.5, help="keep layers with q(z = 1) above this")
+    p.add_argument("--lang-pair", default=None, help="multilingual models: the language pair (e.g. en-de) to prune for")
     args = p.parse_args(argv)
     if not 0 < args.threshold < 1:
         sys.exit(f"error: --threshold must be in (0, 1), got {args.threshold}")
-    kept = prune(args.checkpoint, args.out, args.threshold)
+    kept = prune(args.checkpoint, args.out, args.threshold, args.lang_pair)
     print(f"| kept encoder layers {kept['encoder']} and decoder layers {kept['decoder']} -> {args.out}")
 
 

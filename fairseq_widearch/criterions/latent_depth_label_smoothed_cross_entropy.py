@@ -3,11 +3,14 @@
     L_LL = CE + β(t) · Σ_l KL(q(z_l) ‖ p(z_l)) + λ · (Σ_l u_l − K)²
 
 per latent stack, read from the model's ``extra`` (``latent_probs_*``, ``latent_samples_*``,
-``latent_num_updates``). The KL is analytic between Bernoulli posteriors q(z_l = 1) = σ(α_l)
-and a Bernoulli prior: uniform (mean 0.5), or a Beta(a, b) prior read as a Bernoulli of mean
-a/(a+b) (the KL to a Beta itself is undefined; paper summary Sec. 5 item 4). β ramps linearly from
-0 over ``--latent-kl-anneal-updates`` (KL annealing against posterior collapse, Sec. 3); the
-target-depth loss starts once the ramp is over.
+``latent_num_updates``, and ``latent_pair`` when multilingual). The KL is analytic between
+Bernoulli posteriors q(z_l = 1) = σ(α_l) and a Bernoulli prior: uniform (mean 0.5), a Beta(a, b)
+prior read as a Bernoulli of mean a/(a+b) (the KL to a Beta itself is undefined; paper summary
+Sec. 5 item 4), or, multilingual, the aggregated posterior q̃ = (1/N) Σ_n q^(n) of Eq. 7
+(detached, as the reference code does). Each pair's KL is weighted by its share of the batch's
+sentences, so a batch of one pair gives that pair's KL, as in the paper. u_l = (1/N) Σ_n z_l^(n)
+(Sec. 3, target depth). β ramps linearly from 0 over ``--latent-kl-anneal-updates`` (KL annealing
+against posterior collapse, Sec. 3); the target-depth loss starts once the ramp is over.
 """
 from dataclasses import dataclass, field
 
@@ -19,7 +22,7 @@ from torch import Tensor
 
 from .auxiliary_loss import AuxiliaryLossCriterion
 
-PRIORS = ("uniform", "beta")
+PRIORS = ("uniform", "beta", "aggregated")
 UTILIZATION = ("samples", "probs")
 STACKS = ("encoder", "decoder")
 
@@ -30,7 +33,7 @@ class LatentDepthCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     latent_kl_anneal_updates: int = field(
         default=0, metadata={"help": "β ramps linearly from 0 over this many updates; 0 = no annealing"}
     )
-    latent_prior: ChoiceEnum(PRIORS) = field(default="uniform", metadata={"help": "prior p(z_l) of the KL (Eq. 4)"})
+    latent_prior: ChoiceEnum(PRIORS) = field(default="uniform", metadata={"help": "prior p(z_l) of the KL (Eq. 4); aggregated: Eq. 7, multilingual"})
     latent_prior_beta: str = field(
         default="1,1", metadata={"help": "a,b of the Beta(a, b) prior, read as a Bernoulli of mean a/(a+b)"}
     )
@@ -43,10 +46,18 @@ class LatentDepthCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     )
 
 
-def bernoulli_kl(q: Tensor, prior: float) -> Tensor:
-    """KL(Bernoulli(q) ‖ Bernoulli(prior)) element-wise, q clamped away from 0 and 1."""
-    q = q.clamp(1e-6, 1 - 1e-6)
-    return q * (q.log() - torch.log(torch.tensor(prior))) + (1 - q) * ((1 - q).log() - torch.log(torch.tensor(1 - prior)))
+def bernoulli_kl(q: Tensor, prior) -> Tensor:
+    """KL(Bernoulli(q) ‖ Bernoulli(prior)) element-wise (prior a float or a tensor broadcasting
+    with q), both clamped away from 0 and 1."""
+    q, p = q.clamp(1e-6, 1 - 1e-6), torch.as_tensor(prior, dtype=q.dtype).clamp(1e-6, 1 - 1e-6)
+    return q * (q.log() - p.log()) + (1 - q) * ((1 - q).log() - (1 - p).log())
+
+
+def pair_shares(pair, num_pairs: int, like: Tensor) -> Tensor:
+    """Share of the batch's sentences of each language pair ``(P,)``; uniform without ``pair``."""
+    if pair is None:
+        return like.new_full((num_pairs,), 1.0 / num_pairs)
+    return torch.bincount(pair, minlength=num_pairs).to(like.dtype) / pair.numel()
 
 
 @register_criterion("latent_depth_label_smoothed_cross_entropy", dataclass=LatentDepthCriterionConfig)
@@ -56,7 +67,8 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
 
     Raises:
         ValueError: at construction on a malformed ``--latent-prior-beta`` or negative K; at the
-            first batch if K exceeds a latent stack's depth or the model has no latent layers.
+            first batch if K exceeds a latent stack's depth, the model has no latent layers, or the
+            aggregated prior meets a model with one posterior.
     """
 
     STATS = ("latent_kl", "latent_depth_loss", "latent_depth_encoder", "latent_depth_decoder")
@@ -72,7 +84,7 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
             raise ValueError(f"--latent-prior-beta must be 'a,b' with a, b > 0, got {latent_prior_beta!r}")
         if latent_target_layers < 0:
             raise ValueError(f"--latent-target-layers must be >= 0, got {latent_target_layers}")
-        self.prior_mean = a / (a + b) if latent_prior == "beta" else 0.5
+        self.prior, self.prior_mean = latent_prior, a / (a + b) if latent_prior == "beta" else 0.5
         self.kl_weight, self.kl_anneal_updates = latent_kl_weight, latent_kl_anneal_updates
         self.target_layers, self.depth_weight = latent_target_layers, latent_depth_weight
         self.utilization = latent_utilization
@@ -83,6 +95,15 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
             return 1.0
         return min(num_updates / self.kl_anneal_updates, 1.0)
 
+    def prior_for(self, probs: Tensor):
+        """p(z_l = 1): a constant, or the aggregated posterior ``(1, L)`` of the P posteriors (Eq. 7)."""
+        if self.prior != "aggregated":
+            return self.prior_mean
+        if len(probs) < 2:
+            raise ValueError("--latent-prior aggregated needs a multilingual model (one posterior per language "
+                             "pair); with one posterior the KL to it is 0: use uniform or beta")
+        return probs.mean(0, keepdim=True).detach()
+
     def auxiliary(self, extra, ce_loss):
         stacks = [s for s in STACKS if f"latent_probs_{s}" in extra]
         if not stacks:
@@ -90,15 +111,16 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
                              "(extra has no latent_probs_encoder/latent_probs_decoder)")
         progress = self.annealing(float(extra["latent_num_updates"][0]))
         kl, depth_loss, stats = ce_loss.new_zeros(()), ce_loss.new_zeros(()), {}
+        pair = extra["latent_pair"][0] if "latent_pair" in extra else None
         for stack in stacks:
-            probs = extra[f"latent_probs_{stack}"][0].float()
-            kl = kl + bernoulli_kl(probs, self.prior_mean).sum()
+            probs = extra[f"latent_probs_{stack}"][0].float()  # (P, L)
+            kl = kl + (pair_shares(pair, len(probs), probs) @ bernoulli_kl(probs, self.prior_for(probs))).sum()
             used = extra[f"latent_samples_{stack}"][0] if self.utilization == "samples" else probs
-            depth = used.float().sum()
+            depth = used.float().mean(0).sum()  # Σ_l u_l, u_l averaged over the pairs
             stats[f"latent_depth_{stack}"] = depth
             if self.target_layers:
-                if self.target_layers > probs.numel():
-                    raise ValueError(f"--latent-target-layers {self.target_layers} exceeds the {probs.numel()} "
+                if self.target_layers > probs.size(1):
+                    raise ValueError(f"--latent-target-layers {self.target_layers} exceeds the {probs.size(1)} "
                                      f"latent layers of the {stack}")
                 depth_loss = depth_loss + (depth - self.target_layers) ** 2
         stats.update(latent_kl=kl, latent_depth_loss=depth_loss)

@@ -92,12 +92,12 @@ class LayerLoopEncoder(TransformerEncoderBase):
     take or return more than fairseq's loop passes (MoE routing, layer-selection weights).
     Embeddings, padding, the final LayerNorm and the ``encoder_out`` dict stay fairseq's; the
     auxiliary outputs ``run_layers`` returns are added to ``encoder_out`` and carried unchanged by
-    ``reorder_encoder_out`` (they are batch statistics, not per sentence)."""
+    ``reorder_encoder_out`` (batch statistics; subclasses reorder the per-sentence ones)."""
 
-    def run_layers(self, x: Tensor, padding_mask: Tensor, states: Optional[List[Tensor]]
+    def run_layers(self, x: Tensor, padding_mask: Tensor, states: Optional[List[Tensor]], src_tokens: Tensor
                    ) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
-        """x ``(src_len, B, C)``, padding_mask ``(B, src_len)``; appends each layer's output to
-        ``states`` when given. Returns the last layer's output and the auxiliary outputs."""
+        """x ``(src_len, B, C)``, padding_mask and src_tokens ``(B, src_len)``; appends each layer's
+        output to ``states`` when given. Returns the last layer's output and the auxiliary outputs."""
         raise NotImplementedError
 
     def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
@@ -107,7 +107,7 @@ class LayerLoopEncoder(TransformerEncoderBase):
         x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
         states = [x] if return_all_hiddens else None
-        x, aux = self.run_layers(x, padding_mask, states)
+        x, aux = self.run_layers(x, padding_mask, states, src_tokens)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
@@ -126,9 +126,11 @@ class LayerLoopDecoder(TransformerDecoderBase):
 
     def run_layers(self, x: Tensor, encoder_out: Optional[Tensor], encoder_padding_mask: Optional[Tensor],
                    incremental_state, self_attn_mask: Optional[Tensor], self_attn_padding_mask: Optional[Tensor],
-                   padding_mask: Tensor, inner_states: List[Optional[Tensor]]) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
+                   padding_mask: Tensor, inner_states: List[Optional[Tensor]], encoder_aux: Dict[str, List[Tensor]]
+                   ) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
         """x ``(tgt_len, B, C)``; padding_mask ``(B, tgt_len)`` marks padding tokens (also when
-        ``self_attn_padding_mask`` is None); appends each layer's output to ``inner_states``."""
+        ``self_attn_padding_mask`` is None); appends each layer's output to ``inner_states``;
+        ``encoder_aux`` holds the encoder's auxiliary outputs (e.g. each sentence's language pair)."""
         raise NotImplementedError
 
     def embed(self, prev_output_tokens, incremental_state):
@@ -160,8 +162,9 @@ class LayerLoopDecoder(TransformerDecoderBase):
         self_attn_padding_mask = padding_mask if padding_mask.any() else None
         self_attn_mask = self.buffered_future_mask(x) if incremental_state is None else None
         inner_states: List[Optional[Tensor]] = [x]
+        encoder_aux = {k: v for k, v in encoder_out.items() if k not in FAIRSEQ_ENCODER_OUT_KEYS} if encoder_out else {}
         x, aux = self.run_layers(x, enc, enc_mask, incremental_state, self_attn_mask, self_attn_padding_mask,
-                                 padding_mask, inner_states)
+                                 padding_mask, inner_states, encoder_aux)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         x = x.transpose(0, 1)  # T x B x C -> B x T x C

@@ -12,8 +12,15 @@ Layers subclass fairseq's own, so parameter names equal a stock pre-norm ``trans
 The posterior q(z = 1) and the samples z of each latent stack travel in ``encoder_out`` /
 ``extra`` (``latent_probs_encoder``/``latent_samples_encoder``, the ``_decoder`` pair, and
 ``latent_num_updates`` for the criterion's schedules); see ``LayerSelect.outputs``.
+
+Multilingual (Sec. 2.2, Eq. 7): on fairseq's ``translation_multi_simple_epoch`` task every language
+pair of ``--lang-pairs`` gets its own posterior, in both latent stacks. A sentence's pair is read
+from the encoder language token in front of its source (``--encoder-langtok tgt`` for
+one-to-many, ``src`` for many-to-one; :class:`~fairseq_widearch.modules.LanguagePairIndex`); the
+encoder passes the pair indices on as ``latent_pair`` ``(B,)``, reordered with the beams.
 """
 from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
@@ -26,6 +33,7 @@ from fairseq.models.transformer import (
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import Tensor
 
+from ..modules.language_pair import LanguagePairIndex
 from ..modules.layer_select import INFERENCE_MODES, LayerSelect
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults
 from .presets import MULTI30K_BODY, register_preset, set_defaults
@@ -53,13 +61,25 @@ class LatentDepthConfig(TransformerConfig):
         default="soft", metadata={"help": "z at inference: soft = q(z_l = 1), hard = 1[q > threshold] (z = 0 layers skipped)"}
     )
     latent_threshold: float = field(default=0.5, metadata={"help": "threshold of hard selection"})
+    latent_lang_pairs: str = field(
+        default="", metadata={"help": "language pairs, one posterior each (Eq. 7), comma-separated; filled in from "
+                                      "translation_multi_simple_epoch's --lang-pairs; empty: bilingual"}
+    )
+    latent_pair_langtoks: str = field(
+        default="", metadata={"help": "the encoder language token that identifies each pair of --latent-lang-pairs; "
+                                      "filled in from the task's --encoder-langtok"}
+    )
 
 
 _LATENT_DEFAULTS = added_defaults(LatentDepthConfig)
 
 
+def language_pairs(cfg) -> List[str]:
+    return cfg.latent_lang_pairs.split(",") if cfg.latent_lang_pairs else []
+
+
 def build_layer_select(cfg, num_layers: int) -> LayerSelect:
-    return LayerSelect(num_layers, 1, cfg.latent_logit_init, cfg.latent_temperature, cfg.latent_min_temperature,
+    return LayerSelect(num_layers, max(len(language_pairs(cfg)), 1), cfg.latent_logit_init, cfg.latent_temperature, cfg.latent_min_temperature,
                        cfg.latent_temperature_anneal_updates, cfg.latent_soft_updates, cfg.latent_inference,
                        cfg.latent_threshold)
 
@@ -68,7 +88,8 @@ class LatentEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's pre-norm encoder layer with both residual branches scaled by z_l (Eq. 2)."""
 
     def forward(self, x, encoder_padding_mask, z: Tensor):
-        """x ``(src_len, B, C)``, encoder_padding_mask ``(B, src_len)`` or None, z scalar -> ``(src_len, B, C)``."""
+        """x ``(src_len, B, C)``, encoder_padding_mask ``(B, src_len)`` or None, z scalar or ``(B, 1)``
+        per sentence -> ``(src_len, B, C)``."""
         h = self.self_attn_layer_norm(x)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=encoder_padding_mask, need_weights=False)
         x = x + z * self.dropout_module(h)
@@ -81,7 +102,7 @@ class LatentDecoderLayer(TransformerDecoderLayerBase):
 
     def forward(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                 self_attn_padding_mask, z: Tensor):
-        """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)``, z scalar -> ``(tgt_len, B, C)``."""
+        """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)``, z scalar or ``(B, 1)`` -> ``(tgt_len, B, C)``."""
         h = self.self_attn_layer_norm(x)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
                               incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
@@ -94,30 +115,53 @@ class LatentDecoderLayer(TransformerDecoderLayerBase):
         return x + z * self.dropout_module(h)
 
 
-def _skipped(select: LayerSelect, z: Tensor, index: int) -> bool:
-    """A hard-deselected layer at inference is not computed at all (the pruned model)."""
-    return not select.training and select.inference == "hard" and not bool(z[index])
+def _skipped(select: LayerSelect, weight: Tensor) -> bool:
+    """A layer deselected for every sentence at hard inference is not computed (the pruned model)."""
+    return not select.training and select.inference == "hard" and not bool(weight.any())
+
+
+def run_latent_layers(layers, select: Optional[LayerSelect], pair: Optional[Tensor], stack: str, x: Tensor,
+                      states: Optional[List], *layer_args) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
+    """``x ← layer(x, *layer_args, z_l)`` for each layer (z = 1 for a static stack), appending each
+    output to ``states``; returns x and the stack's auxiliary outputs."""
+    if select is None:
+        weights, aux = [1.0] * len(layers), {}
+    else:
+        z = select()
+        weights, aux = select.layer_weights(z, pair), select.outputs(stack, z)
+    for layer, weight in zip(layers, weights):
+        if select is None or not _skipped(select, weight):
+            x = layer(x, *layer_args, weight if select is None else weight.to(x.dtype))
+        if states is not None:
+            states.append(x)
+    return x, aux
 
 
 class LatentDepthEncoder(LayerLoopEncoder):
-    """Encoder of latent layers: ``extra`` keys ``latent_probs_encoder``, ``latent_samples_encoder``."""
+    """Encoder of latent layers (``extra`` keys ``latent_probs_encoder``, ``latent_samples_encoder``);
+    in multilingual mode also the static encoder of an LL-D model, for it identifies each
+    sentence's language pair (``latent_pair`` ``(B,)``)."""
 
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
-        self.layer_select = build_layer_select(cfg, cfg.encoder.layers)
+        self.layer_select = build_layer_select(cfg, cfg.encoder.layers) if cfg.encoder_latent_layer else None
+        pairs = language_pairs(cfg)
+        self.language_pair = LanguagePairIndex(dictionary, cfg.latent_pair_langtoks.split(",")) if pairs else None
 
     def build_encoder_layer(self, cfg):
         return LatentEncoderLayer(cfg)
 
-    def run_layers(self, x, padding_mask, states):
-        z = self.layer_select()
+    def run_layers(self, x, padding_mask, states, src_tokens):
+        pair = self.language_pair(src_tokens) if self.language_pair is not None else None
         mask = padding_mask if padding_mask.any() else None
-        for i, layer in enumerate(self.layers):
-            if not _skipped(self.layer_select, z, i):
-                x = layer(x, mask, z[i].to(x.dtype))
-            if states is not None:
-                states.append(x)
-        return x, self.layer_select.outputs("encoder", z)
+        x, aux = run_latent_layers(self.layers, self.layer_select, pair, "encoder", x, states, mask)
+        return x, aux if pair is None else {**aux, "latent_pair": [pair]}
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        reordered = super().reorder_encoder_out(encoder_out, new_order)
+        if "latent_pair" in encoder_out:  # per sentence, unlike the batch statistics
+            reordered["latent_pair"] = [encoder_out["latent_pair"][0].index_select(0, new_order)]
+        return reordered
 
 
 class LatentDepthDecoder(LayerLoopDecoder):
@@ -131,14 +175,29 @@ class LatentDepthDecoder(LayerLoopDecoder):
         return LatentDecoderLayer(cfg, no_encoder_attn)
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                   self_attn_padding_mask, padding_mask, inner_states):
-        z = self.layer_select()
-        for i, layer in enumerate(self.layers):
-            if not _skipped(self.layer_select, z, i):
-                x = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                          self_attn_padding_mask, z[i].to(x.dtype))
-            inner_states.append(x)
-        return x, self.layer_select.outputs("decoder", z)
+                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux):
+        pair = encoder_aux["latent_pair"][0] if "latent_pair" in encoder_aux else None
+        return run_latent_layers(self.layers, self.layer_select, pair, "decoder", x, inner_states, encoder_out,
+                                 encoder_padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask)
+
+
+def configure_language_pairs(args, task):
+    """Multilingual mode on ``translation_multi_simple_epoch``: one posterior per pair of the task's
+    ``--lang-pairs``, each identified by its encoder language token. Kept from the checkpoint when
+    loading. Raises ``ValueError`` if the language tokens cannot tell the pairs apart."""
+    if getattr(args, "latent_lang_pairs", "") or not hasattr(task, "data_manager"):
+        return
+    spec = task.args.langtoks["main"][0]
+    require(spec is not None and not task.args.lang_tok_replacing_bos_eos,
+            "multilingual latent depth reads a sentence's language pair from the language token in front of its "
+            "source: set --encoder-langtok (tgt for one-to-many, src for many-to-one), without "
+            "--lang-tok-replacing-bos-eos")
+    langtoks = [task.source_dictionary[task.data_manager.get_encoder_langtok(*pair.split("-"), spec)]
+                for pair in task.lang_pairs]
+    require(len(set(langtoks)) == len(langtoks),
+            f"--encoder-langtok {spec} gives the language pairs {task.lang_pairs} the tokens {langtoks}, which do "
+            f"not tell them apart (tgt tells one-to-many pairs apart, src many-to-one)")
+    args.latent_lang_pairs, args.latent_pair_langtoks = ",".join(task.lang_pairs), ",".join(langtoks)
 
 
 def validate_latent_depth_config(args):
@@ -150,11 +209,14 @@ def validate_latent_depth_config(args):
             "latent layers are pre-norm (Li et al. 2020, Eq. 1): --encoder-normalize-before and "
             "--decoder-normalize-before are required")
     require(0 < args.latent_threshold < 1, f"--latent-threshold must be in (0, 1), got {args.latent_threshold}")
+    pairs, langtoks = args.latent_lang_pairs, args.latent_pair_langtoks
+    require(len(pairs.split(",")) == len(langtoks.split(",")) if pairs else not langtoks,
+            f"--latent-pair-langtoks {langtoks!r} needs one token per pair of --latent-lang-pairs {pairs!r}")
 
 
 @register_model("latent_depth_transformer")
 class LatentDepthTransformerModel(WideTransformerModel):
-    """Latent-depth Transformer (Li et al. 2020), bilingual. Flags: :class:`LatentDepthConfig`;
+    """Latent-depth Transformer (Li et al. 2020), bilingual or multilingual. Flags: :class:`LatentDepthConfig`;
     presets ``latent_depth_transformer_{lld_12_24, lld_12_48, llboth_36_36, llboth_48_48,
     llboth_64_64, multi30k, tiny}``. A non-latent stack is fairseq's own pre-norm stack."""
 
@@ -164,8 +226,14 @@ class LatentDepthTransformerModel(WideTransformerModel):
     validate = staticmethod(validate_latent_depth_config)
 
     @classmethod
+    def build_model(cls, args, task):
+        configure_language_pairs(args, task)
+        return super().build_model(args, task)
+
+    @classmethod
     def encoder_class_for(cls, cfg):
-        return LatentDepthEncoder if cfg.encoder_latent_layer else TransformerEncoderBase
+        multilingual = bool(cfg.latent_lang_pairs)
+        return LatentDepthEncoder if cfg.encoder_latent_layer or multilingual else TransformerEncoderBase
 
     @classmethod
     def decoder_class_for(cls, cfg):

@@ -252,7 +252,7 @@ class WideNetEncoder(LayerLoopEncoder):
     def build_encoder_layer(self, cfg):
         return build_block(self, WideNetEncoderLayer, cfg)
 
-    def run_layers(self, x, padding_mask, states):
+    def run_layers(self, x, padding_mask, states, src_tokens):
         groups = RoutingGroups(len(self.layers), self.routing_groups)
         for i, layer in enumerate(self.layers):
             reuse = groups.for_layer(i)
@@ -276,7 +276,7 @@ class WideNetDecoder(LayerLoopDecoder):
         return build_block(self, WideNetDecoderLayer, cfg)
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                   self_attn_padding_mask, padding_mask, inner_states):
+                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux):
         groups = RoutingGroups(len(self.layers), self.routing_groups)
         for i, layer in enumerate(self.layers):
             reuse = groups.for_layer(i)

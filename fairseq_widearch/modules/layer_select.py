@@ -1,16 +1,17 @@
 """LayerSelect: latent layer selection with Gumbel-sigmoid samples (Li et al. 2020, "Deep
 Transformers with Latent Depth", Sec. 3, Eqs. 2 and 5).
 
-Layer l computes ``x_{l+1} = x_l + z_l · F_l(x_l)`` (Eq. 2) with one z_l per layer (and per
-language pair when multilingual) shared by every token of the batch. The posterior of z_l is a
-Bernoulli with logit α_l; training uses the two-class Gumbel-softmax of Eq. 5, which equals
+Layer l computes ``x_{l+1} = x_l + z_l · F_l(x_l)`` (Eq. 2) with one z_l per layer and language
+pair (one posterior per pair, Sec. 2.2 / Eq. 7), shared by every sentence of that pair in the
+batch; a batch mixing pairs draws one sample per pair and gives each sentence its pair's. The
+posterior of z_l is a Bernoulli with logit α_l; training uses the two-class Gumbel-softmax of Eq. 5, which equals
 
     z_l = σ((α_l + g_1 − g_2) / τ),   g_1, g_2 ~ Gumbel(0, 1)
 
 (one logit per layer: α_l = α_l(1) − α_l(0)). Inference is deterministic: the expected z (soft
 weights σ(α_l)) or a hard selection σ(α_l) > threshold.
 """
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -36,8 +37,10 @@ class LayerSelect(nn.Module):
         threshold (float): for hard selection.
 
     Shapes:
-        ``forward(posterior=0)`` -> z ``(L,)`` in the logits' dtype; ``probs(posterior)`` -> q(z = 1)
-        ``(L,)``. The number of updates comes from ``set_num_updates`` (fairseq calls it).
+        ``forward()`` -> z ``(P, L)`` for the P posteriors; ``probs()`` -> q(z = 1) ``(P, L)``;
+        ``layer_weights(z, pair)`` -> the weight of each layer, ``(L,)`` without ``pair`` (P = 1),
+        else ``(L, B, 1)`` for the sentences' pair indices ``(B,)`` (broadcasts over T x B x C).
+        The number of updates comes from ``set_num_updates`` (fairseq calls it).
 
     Raises:
         ValueError: on non-positive sizes or temperatures, an unknown inference mode or a threshold
@@ -74,20 +77,28 @@ class LayerSelect(nn.Module):
         progress = min(self.num_updates / self.temperature_anneal_updates, 1.0)
         return self.temperature * (self.min_temperature / self.temperature) ** progress
 
-    def probs(self, posterior: int = 0) -> Tensor:
-        """q(z_l = 1) = σ(α_l) for every layer, ``(L,)``."""
-        return torch.sigmoid(self.logits[posterior])
+    def probs(self) -> Tensor:
+        """q(z_l = 1) = σ(α_l) for every posterior and layer, ``(P, L)``."""
+        return torch.sigmoid(self.logits)
 
     def outputs(self, stack: str, z: Tensor) -> Dict[str, List[Tensor]]:
         """The auxiliary outputs of one forward pass of ``stack`` (``encoder``/``decoder``):
-        ``latent_probs_<stack>`` q(z = 1) ``(L,)``, ``latent_samples_<stack>`` z ``(L,)`` and
+        ``latent_probs_<stack>`` q(z = 1) ``(P, L)``, ``latent_samples_<stack>`` z ``(P, L)`` and
         ``latent_num_updates`` (for the criterion's KL annealing)."""
         return {f"latent_probs_{stack}": [self.probs()], f"latent_samples_{stack}": [z],
                 "latent_num_updates": [torch.tensor(float(self.num_updates))]}
 
-    def forward(self, posterior: int = 0) -> Tensor:
-        """z ``(L,)``: a Gumbel-sigmoid sample in training (Eq. 5), deterministic at inference."""
-        logits = self.logits[posterior]
+    @staticmethod
+    def layer_weights(z: Tensor, pair: Optional[Tensor] = None) -> Tensor:
+        """z ``(P, L)`` -> ``(L,)`` if ``pair`` is None (single posterior), else each sentence's
+        pair's z, ``(L, B, 1)``, for the pair indices ``(B,)``."""
+        if pair is None:
+            return z[0]
+        return z[pair].t().unsqueeze(-1)
+
+    def forward(self) -> Tensor:
+        """z ``(P, L)``: Gumbel-sigmoid samples in training (Eq. 5), deterministic at inference."""
+        logits = self.logits
         if not self.training:
             q = torch.sigmoid(logits)
             return q if self.inference == "soft" else (q > self.threshold).to(q.dtype)

@@ -77,10 +77,10 @@ def test_inference_is_deterministic_and_training_samples():
     with torch.no_grad():
         first, second = model(src, lengths, prev), model(src, lengths, prev)
     assert torch.equal(first[0], second[0])
-    torch.testing.assert_close(first[1]["latent_samples_decoder"][0], torch.full((3,), 0.5))  # soft: q(z=1)
+    torch.testing.assert_close(first[1]["latent_samples_decoder"][0], torch.full((1, 3), 0.5))  # soft: q(z=1)
     model.train()
     samples = model(src, lengths, prev)[1]["latent_samples_encoder"][0]
-    assert ((samples > 0) & (samples < 1)).all() and not torch.allclose(samples, torch.full((2,), 0.5))
+    assert ((samples > 0) & (samples < 1)).all() and not torch.allclose(samples, torch.full((1, 2), 0.5))
 
 
 def test_schedules_advance_through_set_num_updates():
@@ -89,7 +89,7 @@ def test_schedules_advance_through_set_num_updates():
     assert model.encoder.layer_select.num_updates == 7 and model.decoder.layer_select.num_updates == 7
     model.train()
     z = model(*batch())[1]["latent_samples_decoder"][0]
-    assert set(z.tolist()) <= {0.0, 1.0}  # straight-through hard samples after --latent-soft-updates
+    assert set(z.flatten().tolist()) <= {0.0, 1.0}  # straight-through hard samples after --latent-soft-updates
 
 
 def test_decoder_only_latent_layers_keep_fairseqs_encoder():
@@ -132,7 +132,8 @@ def criterion(**kw):
 
 
 def extra(probs, samples, num_updates=0.0):
-    return {"latent_probs_decoder": [torch.tensor(probs)], "latent_samples_decoder": [torch.tensor(samples)],
+    """One posterior (bilingual): probs and samples are per layer lists."""
+    return {"latent_probs_decoder": [torch.tensor([probs])], "latent_samples_decoder": [torch.tensor([samples])],
             "latent_num_updates": [torch.tensor(num_updates)]}
 
 
@@ -175,3 +176,71 @@ def test_criterion_end_to_end_logs_every_term(multi30k_bin, tmp_path):
     line = [ln for ln in log.splitlines() if "| train |" in ln][-1]
     for key in ("ce_loss", "latent_kl", "latent_depth_loss", "latent_depth_encoder", "latent_depth_decoder"):
         assert f"{key} " in line, line
+
+
+# --- multilingual: one posterior per language pair (Sec. 2.2, Eq. 7) ---
+PAIRS = {"latent_lang_pairs": "en-de,en-fr", "latent_pair_langtoks": "__de__,__fr__"}
+
+
+def multilingual_model(*flags):
+    d = dummy_dictionary(VOCAB)
+    for tok in ("__de__", "__fr__"):
+        d.add_symbol(tok)
+    model = build_model("latent_depth_transformer_tiny", list(flags), src_dict=d, **PAIRS)
+    with torch.no_grad():  # pair 0 keeps every layer, pair 1 drops encoder layer 0 and decoder layer 2
+        model.encoder.layer_select.logits.copy_(torch.tensor([[4.0, 4.0], [-4.0, 4.0]]))
+        model.decoder.layer_select.logits.copy_(torch.tensor([[4.0, 4.0, 4.0], [4.0, 4.0, -4.0]]))
+    return model, d
+
+
+def multilingual_batch(d):
+    src, lengths, prev = batch()
+    src[:, :2] = 1  # left padding, then the language token
+    src[:, 2] = torch.tensor([d.index("__fr__"), d.index("__de__"), d.index("__fr__")])
+    return src, torch.tensor([5, 5, 5]), prev
+
+
+@pytest.mark.parametrize("inference", ["soft", "hard"])
+def test_mixed_batch_equals_each_pair_alone(inference):
+    torch.manual_seed(0)
+    model, d = multilingual_model("--latent-inference", inference)
+    model.eval()
+    src, lengths, prev = multilingual_batch(d)
+    with torch.no_grad():
+        mixed, extra = model(src, lengths, prev)
+        assert extra["latent_pair"][0].tolist() == [1, 0, 1]
+        assert extra["latent_probs_decoder"][0].shape == (2, 3)
+        for rows in ([0, 2], [1]):
+            alone = model(src[rows], lengths[rows], prev[rows])[0]
+            torch.testing.assert_close(mixed[rows], alone, atol=1e-5, rtol=1e-5)
+        model.decoder.layer_select.logits[1] = 4.0  # pair 1 now keeps every layer too
+        assert not torch.allclose(model(src, lengths, prev)[0][[0, 2]], mixed[[0, 2]])
+
+
+def test_multilingual_beams_reorder_the_language_pairs():
+    model, d = multilingual_model()
+    src, lengths, _ = multilingual_batch(d)
+    encoder_out = model.encoder(src, src_lengths=lengths)
+    order = torch.tensor([2, 2, 1, 0])
+    assert model.encoder.reorder_encoder_out(encoder_out, order)["latent_pair"][0].tolist() == [1, 1, 0, 1]
+
+
+def test_multilingual_training_samples_one_z_per_pair():
+    torch.manual_seed(0)
+    model, d = multilingual_model()
+    extra = model.train()(*multilingual_batch(d))[1]
+    z = extra["latent_samples_decoder"][0]
+    assert z.shape == (2, 3) and not torch.equal(z[0], z[1])
+
+
+def test_kl_against_the_aggregated_posterior_weights_pairs_by_their_batch_share():
+    q = torch.tensor([[0.9, 0.2], [0.5, 0.6]])
+    prior = q.mean(0)
+    kl = q * torch.log(q / prior) + (1 - q) * torch.log((1 - q) / (1 - prior))
+    ex = {"latent_probs_decoder": [q], "latent_samples_decoder": [torch.tensor([[1.0, 0.0], [1.0, 1.0]])],
+          "latent_num_updates": [torch.tensor(0.0)], "latent_pair": [torch.tensor([0, 1, 1, 1])]}
+    aux, stats = criterion(latent_prior="aggregated").auxiliary(ex, torch.zeros(()))
+    torch.testing.assert_close(stats["latent_kl"], 0.25 * kl[0].sum() + 0.75 * kl[1].sum())
+    assert stats["latent_depth_decoder"].item() == 1.5  # u = (1, 0.5): samples averaged over the pairs
+    with pytest.raises(ValueError, match="--latent-prior aggregated needs a multilingual model"):
+        criterion(latent_prior="aggregated").auxiliary(extra([0.5] * 3, [1.0] * 3), torch.zeros(()))

@@ -13,7 +13,7 @@ def test_gumbel_sigmoid_selects_a_layer_with_its_posterior_probability():
     select = LayerSelect(3, logit_init=0.0, temperature=2.0).train()
     with torch.no_grad():
         select.logits[0] = torch.tensor([math.log(4.0), 0.0, -math.log(9.0)])  # σ = 0.8, 0.5, 0.1
-    samples = torch.stack([select() for _ in range(20000)])
+    samples = torch.cat([select() for _ in range(20000)])
     assert ((samples > 0) & (samples < 1)).all()  # soft samples in training
     torch.testing.assert_close((samples > 0.5).float().mean(0), torch.tensor([0.8, 0.5, 0.1]), atol=0.015, rtol=0)
 
@@ -22,10 +22,10 @@ def test_inference_is_deterministic_soft_or_hard():
     select = LayerSelect(3).eval()
     with torch.no_grad():
         select.logits[0] = torch.tensor([2.0, -0.1, 0.3])
-    torch.testing.assert_close(select(), torch.sigmoid(select.logits[0]))
+    torch.testing.assert_close(select(), torch.sigmoid(select.logits))
     assert torch.equal(select(), select())
     select.inference = "hard"
-    assert select().tolist() == [1.0, 0.0, 1.0]
+    assert select().tolist() == [[1.0, 0.0, 1.0]]
 
 
 def test_straight_through_hard_samples_after_soft_updates():
@@ -36,7 +36,7 @@ def test_straight_through_hard_samples_after_soft_updates():
     assert ((z_soft > 0) & (z_soft < 1)).all()
     select.set_num_updates(10)
     z = select()
-    assert set(z.tolist()) <= {0.0, 1.0}
+    assert set(z.flatten().tolist()) <= {0.0, 1.0}
     z.sum().backward()
     assert select.logits.grad.abs().sum() > 0  # the soft sample's gradient
 
@@ -50,13 +50,22 @@ def test_temperature_anneals_exponentially_through_set_num_updates():
     assert select.current_temperature() == pytest.approx(0.5)
 
 
-def test_one_posterior_per_language_pair():
+def test_one_posterior_per_language_pair_and_each_sentence_gets_its_pairs_sample():
+    torch.manual_seed(0)
     select = LayerSelect(2, num_posteriors=3).eval()
     with torch.no_grad():
         select.logits[2] = torch.tensor([5.0, -5.0])
-    assert select(posterior=2).tolist() == pytest.approx([torch.sigmoid(torch.tensor(5.0)).item(),
-                                                          torch.sigmoid(torch.tensor(-5.0)).item()])
-    assert select(posterior=0).tolist() == [0.5, 0.5]
+    z = select()
+    assert z[2].tolist() == pytest.approx(torch.sigmoid(torch.tensor([5.0, -5.0])).tolist())
+    assert z[0].tolist() == [0.5, 0.5]
+    select.train()
+    z = select()
+    assert len(set(z[:, 0].tolist())) == 3  # one independent sample per pair
+    pair = torch.tensor([2, 0, 2, 1])
+    weights = select.layer_weights(z, pair)  # (L, B, 1)
+    assert weights.shape == (2, 4, 1)
+    assert torch.equal(weights[:, :, 0], z[pair].t())
+    assert torch.equal(select.layer_weights(z), z[0])  # bilingual: one weight per layer
 
 
 @pytest.mark.parametrize("kwargs,message", [
