@@ -8,7 +8,8 @@ FAIRSEQ = [
     "ve-fairseq==0.12.3; python_version >= '3.11'",
 ]
 
-EXAMPLES = ["sacremoses", "subword-nmt", "sacrebleu>=2.0", "matplotlib"]
+PLOTS = ["matplotlib"]  # the plot_* tools of fairseq_widearch.cli
+EXAMPLES = ["sacremoses", "subword-nmt", "sacrebleu>=2.0"] + PLOTS
 
 setup(
     name="fairseq-widearch",
@@ -21,6 +22,7 @@ setup(
     install_requires=["torch>=2.0"] + FAIRSEQ,
     extras_require={
         "examples": EXAMPLES,
+        "plots": PLOTS,
         "test": ["pytest"] + EXAMPLES,
     },
     license="MIT",

@@ -1,5 +1,7 @@
 """Multilingual latent depth on fairseq's translation_multi_simple_epoch (one-to-many Multi30k):
 one posterior per language pair, the aggregated-posterior prior, pruning for one pair."""
+import sys
+
 import pytest
 import torch
 
@@ -22,7 +24,8 @@ def trained(multi30k_o2m_bin, tmp_path_factory):
     save = tmp_path_factory.mktemp("latent_o2m")
     log = train(multi30k_o2m_bin, save, "latent_depth_transformer_tiny", *PAIRS, "--encoder-langtok", "tgt",
                 "--criterion", "latent_depth_label_smoothed_cross_entropy", "--latent-prior", "aggregated",
-                "--latent-target-layers", "2", max_update=3).stdout
+                "--latent-target-layers", "2", "--save-interval-updates", "1", "--keep-interval-updates", "-1",
+                max_update=3).stdout
     return save / "checkpoint_last.pt", log
 
 
@@ -58,3 +61,14 @@ def test_language_tokens_that_cannot_tell_the_pairs_apart_fail_naming_the_flag(m
         train(multi30k_o2m_bin, tmp_path, "latent_depth_transformer_tiny", *PAIRS, "--encoder-langtok", "src")
     with pytest.raises(AssertionError, match="set --encoder-langtok"):
         train(multi30k_o2m_bin, tmp_path, "latent_depth_transformer_tiny", *PAIRS)
+
+
+def test_layer_utilization_plot_from_checkpoints(trained, tmp_path):
+    checkpoint, _ = trained
+    out = tmp_path / "u.png"
+    proc = run([sys.executable, "-m", "fairseq_widearch.cli.plot_layer_utilization", checkpoint.parent, "--out", out])
+    assert "3 checkpoints (1 to 3 updates)" in proc.stdout  # checkpoint_last repeats update 3
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    logits = torch.load(checkpoint)["model"]["decoder.layer_select.logits"]
+    expected = " ".join(f"{v:.3f}" for v in torch.sigmoid(logits[1]).tolist())
+    assert f"decoder en-fr: u_l after 3 updates = {expected}" in proc.stdout

@@ -4,7 +4,9 @@ from .language_pair import LanguagePairIndex
 from .layer_select import LayerSelect
 from .moe import Experts, MoELayer, Routing, TopKRouter
 from .multi_path import MultiPathAttention, MultiPathFFN, MultiPathSublayer, PathFusion
+from .partial_attention import GlobalAttentionLogits, HeadExpansion, PartialAttention, PGFFN
 from .path_norm import PathNorm
 
-__all__ = ["BatchedLinear", "Experts", "LanguagePairIndex", "LayerSelect", "MoELayer", "MultiPathAttention",
-           "MultiPathFFN", "MultiPathSublayer", "PathFusion", "PathNorm", "Routing", "TopKRouter"]
+__all__ = ["BatchedLinear", "Experts", "GlobalAttentionLogits", "HeadExpansion", "LanguagePairIndex", "LayerSelect",
+           "MoELayer", "MultiPathAttention", "MultiPathFFN", "MultiPathSublayer", "PartialAttention", "PathFusion",
+           "PathNorm", "PGFFN", "Routing", "TopKRouter"]

@@ -21,6 +21,7 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
+from .attention_utils import additive_mask, append_to_cache, reorder_cache, static_cache
 from .batched_linear import BatchedLinear
 from .path_norm import FeatureGroups, PathNorm, weighted_feature_sum
 
@@ -80,7 +81,7 @@ class MultiPathAttention(nn.Module):
 
     def _project_kv(self, key):
         k, v = self.kv_proj(key).chunk(2, dim=-1)
-        return self._heads(k), self._heads(v)
+        return {"prev_key": self._heads(k), "prev_value": self._heads(v)}
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None,
@@ -98,22 +99,18 @@ class MultiPathAttention(nn.Module):
             ``(n, T, B, C)``: every path's output (Func_i(LN(X)) of Eq. 6).
         """
         T, B, C = query.shape
-        cache = self.get_incremental_state(incremental_state, "attn_state") if incremental_state is not None else None
         if self.self_attention:
             q, k, v = (self._heads(t) for t in self.in_proj(query).chunk(3, dim=-1))
-            if cache is not None:
-                k = torch.cat([cache["prev_key"], k], dim=2)
-                v = torch.cat([cache["prev_value"], v], dim=2)
-        else:
-            q = self._heads(self.q_proj(query))
-            k, v = (cache["prev_key"], cache["prev_value"]) if cache is not None else self._project_kv(key)
-        if incremental_state is not None:
-            self.set_incremental_state(incremental_state, "attn_state", {"prev_key": k, "prev_value": v})
-            if self.self_attention:
+            kv = append_to_cache(self, incremental_state, {"prev_key": k, "prev_value": v})
+            if incremental_state is not None:
                 # One decoding step attends to every cached key: no causal mask; decoding prefixes
                 # hold no padding.
                 attn_mask, key_padding_mask = None, None
-        mask = _additive_mask(key_padding_mask, attn_mask, q.dtype)
+        else:
+            q = self._heads(self.q_proj(query))
+            kv = static_cache(self, incremental_state, lambda: self._project_kv(key))
+        k, v = kv["prev_key"], kv["prev_value"]
+        mask = additive_mask(key_padding_mask, attn_mask, q.dtype)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                              dropout_p=self.dropout if self.training else 0.0)
         # (B, n·H, T, C/H) -> (n, T·B, C)
@@ -123,24 +120,7 @@ class MultiPathAttention(nn.Module):
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
         """Reorder the cached keys/values along the batch axis (beam search)."""
-        cache = self.get_incremental_state(incremental_state, "attn_state")
-        if cache is not None:
-            cache = {name: t.index_select(0, new_order) for name, t in cache.items()}
-            self.set_incremental_state(incremental_state, "attn_state", cache)
-        return incremental_state
-
-
-def _additive_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype) -> Optional[Tensor]:
-    """Combine a ``(B, S)`` padding mask and a ``(T, S)`` additive mask into a mask broadcastable
-    to ``(B, heads, T, S)`` for ``F.scaled_dot_product_attention``; None when neither is given."""
-    mask = None
-    if key_padding_mask is not None:
-        mask = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
-        mask = mask.masked_fill(key_padding_mask.bool(), float("-inf"))[:, None, None, :]
-    if attn_mask is not None:
-        attn_mask = attn_mask.to(dtype)[None, None]
-        mask = attn_mask if mask is None else mask + attn_mask
-    return mask
+        return reorder_cache(self, incremental_state, new_order)
 
 
 class MultiPathFFN(nn.Module):

@@ -1,0 +1,237 @@
+"""PartialFormer's attention-FFN ("AFFN") sub-layer (Zheng et al., "PartialFormer: Modeling Part
+Instead of Whole for Machine Translation", Sec. 3, Eqs. 1-6).
+
+Standard attention (Eqs. 1-3) with three changes, each switchable:
+
+* **PG-FFN** (Eq. 5, :class:`PGFFN`): between Eq. 2 and Eq. 3 every head's output passes through one
+  small FFN d_k → r·d_k → d_k shared by all heads, times a per-head gate G_i = σ(X W_i^G);
+* **residual-like attention** (Eq. 6): global logits A^G (:class:`GlobalAttentionLogits`, computed
+  once per stack from its input embeddings) are added to each layer's local logits before the
+  softmax;
+* **head scaling** (Sec. 3.4, :class:`HeadExpansion`): Q and K at H_0 heads, their logits expanded to
+  H heads by an MLP over the head axis; V, the gates and the output projection have H heads of d_k.
+
+With all three off, :class:`PartialAttention` is fairseq's ``MultiheadAttention`` (same parameter
+names, same result).
+"""
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules.fairseq_dropout import FairseqDropout
+from torch import Tensor
+
+from .attention_utils import additive_mask, append_to_cache, reorder_cache, static_cache
+
+GATE_FUNCTIONS = {"relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+GATE_ACTIVATIONS = tuple(GATE_FUNCTIONS)
+
+
+def _linear(in_dim: int, out_dim: int, gain: float = 1.0) -> nn.Linear:
+    """fairseq's attention initialisation: Xavier-uniform weights, zero bias."""
+    layer = nn.Linear(in_dim, out_dim)
+    nn.init.xavier_uniform_(layer.weight, gain=gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _heads(x: Tensor, head_dim: int) -> Tensor:
+    """``(L, B, h·d_k)`` -> ``(B, h, L, d_k)``."""
+    L, B, _ = x.shape
+    return x.view(L, B, -1, head_dim).permute(1, 2, 0, 3)
+
+
+class PGFFN(nn.Module):
+    """Partial-level gated FFN (Eq. 5): ``head̄_i = G_i ⊙ FFN(head_i)``, ``G_i = σ(X W_i^G)``.
+
+    One FFN ``d_k -> hidden -> d_k`` (ReLU, biases, activation dropout) shared by all heads of the
+    sub-layer, run as one matmul over the heads folded into the rows; the gate projection
+    ``W^G: d -> H·d_k`` holds the H per-head gates.
+
+    Args:
+        embed_dim (int): d, the width of the gate input X.
+        num_heads (int): H.
+        head_dim (int): d_k.
+        hidden_dim (int): r·d_k; 0 drops the FFN (gates only).
+        gate_activation (str or None): σ, ``relu`` (the paper's default), ``sigmoid`` or ``tanh``
+            (Table 7); None drops the gates.
+        inner_residual (bool): ``G_i ⊙ (head_i + FFN(head_i))``, as the authors' released code does.
+        activation_dropout (float): dropout after the FFN's ReLU.
+
+    Shapes: ``forward(heads (T, B, H, d_k), gate_input (T, B, d))`` -> ``(T, B, H, d_k)``.
+
+    Raises:
+        ValueError: on an unknown gate activation.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, head_dim: int, hidden_dim: int,
+                 gate_activation: Optional[str] = "relu", inner_residual: bool = False,
+                 activation_dropout: float = 0.0):
+        super().__init__()
+        if gate_activation is not None and gate_activation not in GATE_ACTIVATIONS:
+            raise ValueError(f"--head-gate-activation must be one of {GATE_ACTIVATIONS}, got {gate_activation!r}")
+        self.fc1 = nn.Linear(head_dim, hidden_dim) if hidden_dim else None
+        self.fc2 = nn.Linear(hidden_dim, head_dim) if hidden_dim else None
+        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
+        self.gate_proj = nn.Linear(embed_dim, num_heads * head_dim) if gate_activation else None
+        self.gate_fn = GATE_FUNCTIONS[gate_activation] if gate_activation else None
+        self.inner_residual = inner_residual
+
+    def forward(self, heads: Tensor, gate_input: Tensor) -> Tensor:
+        out = heads
+        if self.fc1 is not None:
+            out = self.fc2(self.activation_dropout_module(F.relu(self.fc1(heads))))
+            if self.inner_residual:
+                out = heads + out
+        if self.gate_proj is not None:
+            out = self.gate_fn(self.gate_proj(gate_input)).view_as(out) * out
+        return out
+
+
+class HeadExpansion(nn.Module):
+    """Head scaling (Sec. 3.4): an MLP over the head axis maps the H_0 intermediate logits of every
+    (query, key) pair to H logits, ``H_0 -> H -> H`` with a ReLU (the released code's two layers; the
+    paper gives no sizes). Applied in logit space, before A^G is added and the softmax (Eq. 6).
+
+    Shapes: ``(B, H_0, T, S)`` -> ``(B, H, T, S)``.
+    """
+
+    def __init__(self, qk_heads: int, num_heads: int):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(qk_heads, num_heads), nn.Linear(num_heads, num_heads)
+
+    def forward(self, logits: Tensor) -> Tensor:
+        x = logits.permute(0, 2, 3, 1)  # heads last: one matmul over all (query, key) pairs
+        return self.fc2(F.relu(self.fc1(x))).permute(0, 3, 1, 2)
+
+
+@with_incremental_state
+class GlobalAttentionLogits(nn.Module):
+    """A^G of residual-like attention (Eq. 6): Eq. 1's scaled logits without the softmax, from the
+    stack's input embeddings, with their own Q/K projections ``d -> H·d_k``. Computed once per
+    forward and added to the local logits of every layer of the stack.
+
+    Args:
+        embed_dim (int): d.
+        num_heads (int): H (the expanded head count).
+        head_dim (int): d_k.
+        self_attention (bool): keys from the query embeddings (encoder, decoder self-attention;
+            decoding appends each step's keys to the cache) or from ``key`` (the decoder's
+            cross-attention map, keys from the source embeddings, computed once when decoding).
+        kdim (int, optional): width of ``key`` (the source embeddings); default d.
+
+    Shapes: ``forward(query (T, B, d), key (S, B, kdim) or None)`` -> ``(B, H, T, S)``.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, head_dim: int, self_attention: bool = True,
+                 kdim: Optional[int] = None):
+        super().__init__()
+        self.head_dim, self.self_attention = head_dim, self_attention
+        self.q_proj = _linear(embed_dim, num_heads * head_dim, gain=1 / math.sqrt(2))
+        self.k_proj = _linear(kdim or embed_dim, num_heads * head_dim, gain=1 / math.sqrt(2))
+
+    def forward(self, query: Tensor, key: Optional[Tensor] = None, incremental_state=None) -> Tensor:
+        q = _heads(self.q_proj(query), self.head_dim) * self.head_dim ** -0.5
+        if self.self_attention:
+            k = append_to_cache(self, incremental_state, {"prev_key": _heads(self.k_proj(query), self.head_dim)})
+        else:
+            k = static_cache(self, incremental_state, lambda: {"prev_key": _heads(self.k_proj(key), self.head_dim)})
+        return q @ k["prev_key"].transpose(-1, -2)
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        return reorder_cache(self, incremental_state, new_order)
+
+
+@with_incremental_state
+class PartialAttention(nn.Module):
+    """The AFFN sub-layer's function: attention whose heads pass through the PG-FFN before the
+    output projection (Eqs. 1, 2, 5, 3), with optional head scaling and global logits (Eq. 6).
+
+    ``q_proj``/``k_proj``: ``d -> H_0·d_k``; ``v_proj``: ``kdim -> H·d_k``; ``out_proj``:
+    ``H·d_k -> d`` (fairseq's names: with H = H_0, H_0·d_k = d, no PG-FFN, no gates and no A^G
+    it equals fairseq's ``MultiheadAttention`` holding the same weights).
+
+    Args:
+        embed_dim (int): d.
+        qk_heads (int): H_0, the heads of Q and K.
+        num_heads (int): H >= H_0; H > H_0 enables head scaling.
+        head_dim (int): d_k.
+        pg_ffn (PGFFN or None): applied to the heads; None skips it.
+        kdim (int, optional): key/value input width (encoder-decoder attention); default d.
+        dropout (float): attention-probability dropout.
+        self_attention (bool): keys and values from the query (decoding appends to the cache) or
+            from ``key`` (computed once when decoding).
+
+    Raises:
+        ValueError: if ``num_heads < qk_heads`` or a size is not positive.
+    """
+
+    def __init__(self, embed_dim: int, qk_heads: int, num_heads: int, head_dim: int, pg_ffn: Optional[PGFFN] = None,
+                 kdim: Optional[int] = None, dropout: float = 0.0, self_attention: bool = True):
+        super().__init__()
+        if min(embed_dim, qk_heads, num_heads, head_dim) <= 0:
+            raise ValueError(f"attention sizes must be positive, got d={embed_dim}, H_0={qk_heads}, H={num_heads}, "
+                             f"d_k={head_dim}")
+        if num_heads < qk_heads:
+            raise ValueError(f"H = {num_heads} heads must be >= the H_0 = {qk_heads} Q/K heads")
+        self.qk_heads, self.num_heads, self.head_dim = qk_heads, num_heads, head_dim
+        self.dropout, self.self_attention = dropout, self_attention
+        kdim = kdim or embed_dim
+        gain = 1 / math.sqrt(2) if kdim == embed_dim else 1.0  # as fairseq's MultiheadAttention
+        self.q_proj = _linear(embed_dim, qk_heads * head_dim, gain)
+        self.k_proj = _linear(kdim, qk_heads * head_dim, gain)
+        self.v_proj = _linear(kdim, num_heads * head_dim, gain)
+        self.out_proj = _linear(num_heads * head_dim, embed_dim)
+        self.head_expansion = HeadExpansion(qk_heads, num_heads) if num_heads > qk_heads else None
+        self.pg_ffn = pg_ffn
+
+    def _project_kv(self, key: Tensor):
+        return {"prev_key": _heads(self.k_proj(key), self.head_dim),
+                "prev_value": _heads(self.v_proj(key), self.head_dim)}
+
+    def forward(self, query: Tensor, key: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
+                attn_mask: Optional[Tensor] = None, global_logits: Optional[Tensor] = None,
+                incremental_state=None) -> Tensor:
+        """
+        Args:
+            query: ``(T, B, d)``, already layer-normalised; also the gate input X of Eq. 5.
+            key: ``(S, B, kdim)`` encoder output (encoder-decoder attention); None for self-attention.
+            key_padding_mask: ``(B, S)``, True at padding keys.
+            attn_mask: ``(T, S)`` additive float mask (the causal mask), added after A^G.
+            global_logits: A^G ``(B, H, T, S)`` or None.
+            incremental_state: fairseq's decoding cache.
+        Returns:
+            ``(T, B, d)``.
+        """
+        T, B, _ = query.shape
+        q = _heads(self.q_proj(query), self.head_dim)
+        if self.self_attention:
+            kv = append_to_cache(self, incremental_state, self._project_kv(query))
+            if incremental_state is not None:  # one step attends to every cached key, no padding
+                attn_mask, key_padding_mask = None, None
+        else:
+            kv = static_cache(self, incremental_state, lambda: self._project_kv(key))
+        k, v = kv["prev_key"], kv["prev_value"]
+        mask = additive_mask(key_padding_mask, attn_mask, q.dtype)
+        if global_logits is not None:
+            mask = global_logits if mask is None else global_logits + mask
+        dropout = self.dropout if self.training else 0.0
+        if self.head_expansion is None:  # Eqs. 1-2 (+ A^G as an additive mask) in one fused kernel
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        else:
+            logits = self.head_expansion((q * self.head_dim ** -0.5) @ k.transpose(-1, -2))
+            if mask is not None:
+                logits = logits + mask
+            probs = F.dropout(utils.softmax(logits, dim=-1).type_as(q), dropout, self.training)
+            heads = probs @ v
+        heads = heads.permute(2, 0, 1, 3)  # (B, H, T, d_k) -> (T, B, H, d_k)
+        if self.pg_ffn is not None:
+            heads = self.pg_ffn(heads, query)
+        return self.out_proj(heads.reshape(T, B, self.num_heads * self.head_dim))
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        return reorder_cache(self, incremental_state, new_order)

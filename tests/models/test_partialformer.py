@@ -1,0 +1,140 @@
+"""partialformer: the AFFN sub-layer against fairseq's MultiheadAttention and against Eqs. 5-6
+written out per head, paper presets (parameters and Table 5 MACs), ablation flags, config errors."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+
+from fairseq_widearch.cli.stats import model_stats
+from fairseq_widearch.model_builder import build_model
+from fairseq_widearch.modules import PartialAttention, PGFFN
+
+D, H0, DK = 32, 4, 8
+
+
+def fairseq_mha(**kw):
+    torch.manual_seed(0)
+    return MultiheadAttention(D, H0, **kw).eval()
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_without_pg_ffn_gates_global_logits_and_head_scaling_equals_fairseq_attention(cross):
+    mha = fairseq_mha(kdim=48, vdim=48, encoder_decoder_attention=True) if cross else fairseq_mha(self_attention=True)
+    ours = PartialAttention(D, H0, H0, DK, kdim=48 if cross else None, self_attention=not cross).eval()
+    ours.load_state_dict(mha.state_dict())  # same parameter names and shapes
+    x = torch.randn(5, 3, D)
+    key = torch.randn(7, 3, 48) if cross else x
+    padding = torch.zeros(3, key.size(0), dtype=torch.bool)
+    padding[0, :2] = True
+    causal = None if cross else torch.triu(torch.full((5, 5), float("-inf")), 1)
+    expected, _ = mha(x, key, key, key_padding_mask=padding, attn_mask=causal, need_weights=False)
+    got = ours(x, key if cross else None, key_padding_mask=padding, attn_mask=causal)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_pg_ffn_is_eq5_per_head():
+    """Heads folded into the rows give G_i ⊙ FFN(head_i) with the FFN shared and gate i's slice."""
+    torch.manual_seed(0)
+    heads, x = torch.randn(5, 3, 6, DK), torch.randn(5, 3, D)
+    for activation, sigma in (("relu", F.relu), ("sigmoid", torch.sigmoid), ("tanh", torch.tanh)):
+        pg = PGFFN(D, 6, DK, 4 * DK, activation).eval()
+        gates = sigma(pg.gate_proj(x)).view(5, 3, 6, DK)
+        expected = torch.stack([gates[:, :, i] * pg.fc2(F.relu(pg.fc1(heads[:, :, i]))) for i in range(6)], dim=2)
+        torch.testing.assert_close(pg(heads, x), expected)
+    inner = PGFFN(D, 6, DK, 4 * DK, "relu", inner_residual=True).eval()
+    gates = F.relu(inner.gate_proj(x)).view(5, 3, 6, DK)
+    torch.testing.assert_close(inner(heads, x), gates * (heads + inner.fc2(F.relu(inner.fc1(heads)))))
+
+
+def test_head_scaling_and_global_logits_follow_eq6():
+    """softmax(MLP_heads(Q K^T / √d_k) + A^G + mask) V per head, then Eq. 5 and W^O."""
+    torch.manual_seed(0)
+    pg = PGFFN(D, 6, DK, 2 * DK, "relu")
+    attn = PartialAttention(D, H0, 6, DK, pg).eval()
+    x, global_logits = torch.randn(5, 2, D), torch.randn(2, 6, 5, 5)
+    causal = torch.triu(torch.full((5, 5), float("-inf")), 1)
+    q = attn.q_proj(x).view(5, 2, H0, DK).permute(1, 2, 0, 3)
+    k = attn.k_proj(x).view(5, 2, H0, DK).permute(1, 2, 0, 3)
+    v = attn.v_proj(x).view(5, 2, 6, DK).permute(1, 2, 0, 3)
+    local = torch.einsum("bhtd,bhsd->bhts", q, k) / DK ** 0.5
+    expanded = torch.einsum("bhts,gh->bgts", local, attn.head_expansion.fc1.weight) \
+        + attn.head_expansion.fc1.bias[None, :, None, None]
+    expanded = torch.einsum("bhts,gh->bgts", F.relu(expanded), attn.head_expansion.fc2.weight) \
+        + attn.head_expansion.fc2.bias[None, :, None, None]
+    heads = torch.softmax(expanded + global_logits + causal, dim=-1) @ v  # (B, H, T, d_k)
+    expected = attn.out_proj(pg(heads.permute(2, 0, 1, 3), x).reshape(5, 2, 6 * DK))
+    torch.testing.assert_close(attn(x, attn_mask=causal, global_logits=global_logits), expected)
+
+
+# Paper presets at Table 11's vocabularies (shared embeddings): En-De 34,040, En-Ro 19,064.
+PRESET_PARAMS = {"6_6_d512_h24_16": (63, 34040), "24_6_d512_h24_16": (115, 34040), "24_6_d360_h24_16": (61, 34040),
+                 "24_6_d360_h30_16": (68, 34040), "24_6_d360_h8_8": (36, 34040), "24_6_d320_h24_24": (48, 19064)}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_PARAMS))
+def test_paper_presets_parameter_counts_within_3_percent(preset):
+    paper, vocab = PRESET_PARAMS[preset]
+    params = model_stats(f"partialformer_{preset}", vocab_size=vocab)["params"] / 1e6
+    assert abs(params - paper) / paper < 0.03, params
+
+
+TRANSFORMER_24_6_360 = ["--encoder-layers", "24", "--encoder-embed-dim", "360", "--encoder-ffn-embed-dim", "1440",
+                        "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before"]
+
+
+@pytest.mark.parametrize("arch,argv,paper", [
+    ("transformer", ["--share-all-embeddings"], 9.9),
+    ("transformer", TRANSFORMER_24_6_360, 6.3),
+    ("partialformer_24_6_d360_h8_8", [], 5.2),
+    ("partialformer_24_6_d360_h30_16", [], 6.9),
+])
+def test_table5_macs_within_5_percent(arch, argv, paper):
+    macs = model_stats(arch, argv, vocab_size=34040)["macs_decode"] / 1e9
+    assert abs(macs - paper) / paper < 0.05, macs
+
+
+# Table 7 ablations of the 24-6/d360/H30-16 model (68M).
+@pytest.mark.parametrize("flags,paper", [
+    (["--no-pg-ffn"], 52), (["--no-global-attention"], 66),
+    (["--partialformer-stacks", "encoder"], 67), (["--partialformer-stacks", "decoder"], 63),
+    (["--head-gate-activation", "sigmoid"], 68),
+])
+def test_table7_ablation_parameter_counts_within_3_percent(flags, paper):
+    flags = flags + ["--encoder-ffn-embed-dim", "1440", "--decoder-ffn-embed-dim", "1440"]  # d = 360 Transformer stacks
+    params = model_stats("partialformer_24_6_d360_h30_16", flags, vocab_size=34040)["params"] / 1e6
+    assert abs(params - paper) / paper < 0.03, params
+
+
+def test_ablations_remove_what_they_name():
+    model = build_model("partialformer_tiny", ["--no-global-attention", "--no-pg-ffn"], vocab_size=40)
+    assert model.encoder.global_logits is None and model.decoder.global_self is None
+    assert model.encoder.layers[0].self_attn.pg_ffn is None
+    encoder_only = build_model("partialformer_tiny", ["--partialformer-stacks", "encoder"], vocab_size=40)
+    assert type(encoder_only.decoder).__name__ == "TransformerDecoderBase"
+    assert hasattr(encoder_only.decoder.layers[0], "fc1")  # the decoder keeps its FFN sub-layer
+    small = ["--encoder-embed-dim", "32", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+    default = build_model("partialformer", small, vocab_size=40)
+    assert default.decoder.global_cross is None and default.decoder.global_self is not None  # the released code's
+    assert build_model("partialformer", small + ["--cross-global-attention"], vocab_size=40).decoder.global_cross
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--encoder-attention-heads", "5"], "--encoder-embed-dim 32 is not a multiple of --encoder-attention-heads 5"),
+    (["--decoder-heads", "2"], "--decoder-heads 2 must be >= --decoder-attention-heads 4 (H >= H_0"),
+    (["--encoder-layers", "0"], "--encoder-layers must be a positive integer, got 0"),
+    (["--decoder-pg-ffn-ratio", "0"], "--decoder-pg-ffn-ratio must be a positive integer, got 0"),
+    (["--encoder-head-dim", "-1"], "--encoder-heads and --encoder-head-dim must be >= 0"),
+])
+def test_invalid_configs_fail_at_build_time_naming_the_flag(flags, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_model("partialformer_tiny", flags, vocab_size=40)
+
+
+def test_head_dim_need_not_divide_the_width():
+    """Table 19: d_k = 30 at d = 360 (H_0·d_k = 240 ≠ d)."""
+    model = build_model("partialformer_tiny", ["--encoder-head-dim", "5"], vocab_size=40)
+    assert model.encoder.layers[0].self_attn.q_proj.weight.shape == (4 * 5, 32)
+    src = torch.randint(4, 40, (2, 6))
+    assert model(src, torch.tensor([6, 6]), src)[0].shape == (2, 6, 40)
