@@ -83,3 +83,16 @@ def test_omegaconf_configs_in_old_checkpoints_load(tmp_path):
     torch.save({"cfg": cfg, "model": {"w": torch.ones(2)}}, tmp_path / "old.pt")
     state = torch.load(tmp_path / "old.pt")
     assert state["cfg"].model.arch == "transformer"
+
+
+def test_average_checkpoints_of_the_last_updates(multi30k_bin, tmp_path):
+    """The average of the last two interval checkpoints, loadable for decoding."""
+    train(multi30k_bin, tmp_path, "transformer_tiny", "--save-interval-updates", "1", "--keep-interval-updates", "-1",
+          max_update=3)
+    run([sys.executable, "-m", "fairseq_widearch.cli.average_checkpoints", "--inputs", tmp_path,
+         "--num-update-checkpoints", "2", "--out", tmp_path / "avg.pt"])
+    states = [torch.load(tmp_path / f"checkpoint_1_{u}.pt") for u in (2, 3)]
+    averaged = torch.load(tmp_path / "avg.pt")
+    for name, value in averaged["model"].items():
+        torch.testing.assert_close(value, (states[0]["model"][name] + states[1]["model"][name]) / 2)
+    assert averaged["last_optimizer_state"] is None

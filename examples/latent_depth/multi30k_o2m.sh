@@ -8,13 +8,14 @@
 # --impl anchor fairseq's own examples/latent_depth (task multilingual_translation_latent_depth) with
 #               the same body (d 128, FFN 512, 4 heads, 3 static encoder + 6 latent decoder layers,
 #               pre-norm, shared embeddings), the same optimiser, seed, tokens per update and budget.
-# Trains for M minutes (default 10), decodes test_2016 of every pair (beam 5), prints sacreBLEU per
-# pair and the training speed. Language pairs are identified by --encoder-langtok tgt.
+# Trains for M minutes (default 15), decodes test_2016 of every pair (beam 5), prints sacreBLEU per
+# pair. Language pairs are identified by --encoder-langtok tgt. Ours also keeps a checkpoint every
+# 100 updates for python -m fairseq_widearch.cli.plot_layer_utilization.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 IMPL=ours
-MINUTES=10
+MINUTES=15
 WORK="$ROOT/runs/multi30k_o2m"
 VENV="${VENV:-$ROOT/.venv}"
 while [ $# -gt 0 ]; do
@@ -41,7 +42,9 @@ COMMON=(--cpu --num-workers 0 --seed 1 --optimizer adam --adam-betas '(0.9, 0.98
 if [ "$IMPL" = ours ]; then
   USER_DIR="$ROOT/fairseq_widearch"
   TASK=(--task translation_multi_simple_epoch)
-  TRAIN=(--arch latent_depth_transformer_multi30k --max-tokens 6144
+  # batches of 2048 tokens, 3 per update: the anchor's batch shape (one batch per pair per update)
+  TRAIN=(--arch latent_depth_transformer_multi30k --max-tokens 2048 --update-freq 3
+         --save-interval-updates 100 --keep-interval-updates -1
          --criterion latent_depth_label_smoothed_cross_entropy --latent-prior aggregated --latent-kl-weight 0.1
          --latent-kl-anneal-updates 300 --latent-soft-updates 300 --latent-target-layers 3 --latent-depth-weight 0.1)
   DECODE=(--model-overrides "{'latent_inference': 'hard'}")
@@ -62,13 +65,15 @@ fi
 
 SAVE="$WORK/checkpoints/$IMPL"
 mkdir -p "$SAVE"
-echo "| training $IMPL for at most $MINUTES minutes"
-"$VENV/bin/fairseq-train" "$WORK/data/bin" --user-dir "$USER_DIR" "${TASK[@]}" "${PAIRS[@]}" "${TRAIN[@]}" \
+# Importing the plugin first lets fairseq load (resume from, decode) checkpoints under torch's
+# weights-only loading, also for the anchor's own --user-dir.
+run_fairseq() { "$PY" -c "import sys; from fairseq_cli.$1 import cli_main; import fairseq_widearch; sys.argv[0] = '$1'; cli_main()" "${@:2}"; }
+echo "| training $IMPL for at most $MINUTES minutes (resumes from $SAVE/checkpoint_last.pt if present)"
+run_fairseq train "$WORK/data/bin" --user-dir "$USER_DIR" "${TASK[@]}" "${PAIRS[@]}" "${TRAIN[@]}" \
   "${COMMON[@]}" --save-dir "$SAVE" 2>&1 | tee "$WORK/train-$IMPL.log" | grep -E "\| train \||done training"
 
-# Importing the plugin first lets fairseq load the checkpoint under torch's weights-only loading.
 for TGT in de fr cs; do
-  "$PY" -c "import fairseq_widearch; from fairseq_cli.generate import cli_main; cli_main()" \
+  run_fairseq generate \
     "$WORK/data/bin" --user-dir "$USER_DIR" "${TASK[@]}" "${PAIRS[@]}" --source-lang en --target-lang "$TGT" \
     --path "$SAVE/checkpoint_last.pt" --gen-subset test --cpu --beam 5 --lenpen 1.0 --batch-size 128 \
     --tokenizer moses --bpe subword_nmt --bpe-codes "$WORK/data/bpe/codes" "${DECODE[@]}" \

@@ -58,18 +58,18 @@ def plot(updates: List[int], stacks: Dict[str, torch.Tensor], pairs: List[str], 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(stacks), len(pairs), squeeze=False, sharex=True,
-                             figsize=(3.2 * len(pairs) + 1, 2.6 * len(stacks) + 0.4))
+    fig, axes = plt.subplots(len(stacks), len(pairs), squeeze=False, sharex=True, constrained_layout=True,
+                             figsize=(3.2 * len(pairs) + 1.2, 2.6 * len(stacks) + 0.6))
     for row, (stack, u) in enumerate(stacks.items()):
         for col, pair in enumerate(pairs):
             ax = axes[row][col]
             image = ax.imshow(u[:, col].T.numpy(), aspect="auto", origin="lower", vmin=0, vmax=1, cmap="viridis",
                               extent=(-0.5, len(updates) - 0.5, -0.5, u.size(2) - 0.5))
             ax.set_title(f"{stack}, {pair}" if len(pairs) > 1 else stack, fontsize=9)
-            ax.set_ylabel("layer l")
             ticks = sorted(set(torch.linspace(0, len(updates) - 1, min(len(updates), 5)).round().long().tolist()))
             ax.set_xticks(ticks, [str(updates[t]) for t in ticks])
-        axes[row][0].figure.colorbar(image, ax=list(axes[row]), label="u_l = q(z_l = 1)")
+        axes[row][0].set_ylabel(f"{stack} layer l")
+        fig.colorbar(image, ax=list(axes[row]), label="u_l = q(z_l = 1)")
     for ax in axes[-1]:
         ax.set_xlabel("updates")
     fig.suptitle("Layer utilization over training")

@@ -244,3 +244,9 @@ def test_kl_against_the_aggregated_posterior_weights_pairs_by_their_batch_share(
     assert stats["latent_depth_decoder"].item() == 1.5  # u = (1, 0.5): samples averaged over the pairs
     with pytest.raises(ValueError, match="--latent-prior aggregated needs a multilingual model"):
         criterion(latent_prior="aggregated").auxiliary(extra([0.5] * 3, [1.0] * 3), torch.zeros(()))
+
+
+def test_unknown_prior_fails_naming_the_flag(multi30k_bin, tmp_path):
+    with pytest.raises(AssertionError, match="--latent-prior: invalid choice: 'gaussian'"):
+        train(multi30k_bin, tmp_path, "latent_depth_transformer_tiny", "--criterion",
+              "latent_depth_label_smoothed_cross_entropy", "--latent-prior", "gaussian")

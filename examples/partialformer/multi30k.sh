@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# PartialFormer on Multi30k En->De on CPU: the quick start with the partialformer_multi30k preset
+# (d 128, 6 Self-AFFN encoder layers, 3 decoder layers, H_0 = 4 Q/K heads expanded to H = 12-8,
+# PG-FFN r = 4 / 2, residual-like attention). Same data, budget, optimiser and decoding as the
+# multi-path quick start; extra options go to examples/multi30k/quickstart.sh.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+exec bash "$ROOT/examples/multi30k/quickstart.sh" --arch partialformer_multi30k "$@"
