@@ -33,12 +33,17 @@ def static_cache(module, incremental_state, compute: Callable[[], Cache]) -> Cac
     return cache
 
 
-def reorder_cache(module, incremental_state, new_order: Tensor):
-    """Reorder a module's cached tensors along the batch axis (beam search)."""
+def reorder_cache(module, incremental_state, new_order: Tensor, static: bool = False):
+    """Reorder a module's cached tensors along the batch axis (beam search).
+
+    A ``static`` (encoder-output) cache holds the same rows for every beam of a sentence, and beam
+    search reorders within a sentence's beams, so while the batch keeps its size the reorder
+    cannot change it and is skipped (as fairseq's ``MultiheadAttention`` does); when finished
+    sentences leave the batch it is applied."""
     cache = module.get_incremental_state(incremental_state, _KEY)
-    if cache is not None:
-        module.set_incremental_state(incremental_state, _KEY,
-                                     {name: t.index_select(0, new_order) for name, t in cache.items()})
+    if cache is None or (static and next(iter(cache.values())).size(0) == new_order.numel()):
+        return incremental_state
+    module.set_incremental_state(incremental_state, _KEY, {name: t.index_select(0, new_order) for name, t in cache.items()})
     return incremental_state
 
 

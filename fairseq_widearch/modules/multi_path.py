@@ -120,7 +120,7 @@ class MultiPathAttention(nn.Module):
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
         """Reorder the cached keys/values along the batch axis (beam search)."""
-        return reorder_cache(self, incremental_state, new_order)
+        return reorder_cache(self, incremental_state, new_order, static=not self.self_attention)
 
 
 class MultiPathFFN(nn.Module):

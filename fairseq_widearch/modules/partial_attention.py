@@ -84,7 +84,7 @@ class PGFFN(nn.Module):
     def forward(self, heads: Tensor, gate_input: Tensor) -> Tensor:
         out = heads
         if self.fc1 is not None:
-            out = self.fc2(self.activation_dropout_module(F.relu(self.fc1(heads))))
+            out = self.fc2(self.activation_dropout_module(F.relu(self.fc1(heads), inplace=True)))
             if self.inner_residual:
                 out = heads + out
         if self.gate_proj is not None:
@@ -106,7 +106,7 @@ class HeadExpansion(nn.Module):
 
     def forward(self, logits: Tensor) -> Tensor:
         x = logits.permute(0, 2, 3, 1)  # heads last: one matmul over all (query, key) pairs
-        return self.fc2(F.relu(self.fc1(x))).permute(0, 3, 1, 2)
+        return self.fc2(F.relu(self.fc1(x), inplace=True)).permute(0, 3, 1, 2)
 
 
 @with_incremental_state
@@ -143,7 +143,7 @@ class GlobalAttentionLogits(nn.Module):
         return q @ k["prev_key"].transpose(-1, -2)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
-        return reorder_cache(self, incremental_state, new_order)
+        return reorder_cache(self, incremental_state, new_order, static=not self.self_attention)
 
 
 @with_incremental_state
@@ -234,4 +234,4 @@ class PartialAttention(nn.Module):
         return self.out_proj(heads.reshape(T, B, self.num_heads * self.head_dim))
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
-        return reorder_cache(self, incremental_state, new_order)
+        return reorder_cache(self, incremental_state, new_order, static=not self.self_attention)
