@@ -6,7 +6,8 @@ from .moe import Experts, MoELayer, Routing, TopKRouter
 from .multi_path import MultiPathAttention, MultiPathFFN, MultiPathSublayer, PathFusion
 from .partial_attention import GlobalAttentionLogits, HeadExpansion, PartialAttention, PGFFN
 from .path_norm import PathNorm
+from .slimmable import SlimmableAttention, SlimmableLayerNorm, SlimmableLinear
 
 __all__ = ["BatchedLinear", "Experts", "GlobalAttentionLogits", "HeadExpansion", "LanguagePairIndex", "LayerSelect",
            "MoELayer", "MultiPathAttention", "MultiPathFFN", "MultiPathSublayer", "PartialAttention", "PathFusion",
-           "PathNorm", "PGFFN", "Routing", "TopKRouter"]
+           "PathNorm", "PGFFN", "Routing", "SlimmableAttention", "SlimmableLayerNorm", "SlimmableLinear", "TopKRouter"]
