@@ -1,13 +1,15 @@
 """Parameter and MAC counts of any registered fairseq architecture.
 
     python -m fairseq_widearch.cli.stats --arch ARCH [--vocab-size N] [any flag of ARCH]
+                                         [--eval-width W [--layer-widths w1,...]]   (scalable_transformer)
 
 Prints one JSON object: ``params`` (trainable parameters, shared tensors counted once),
 ``params_embedding`` (vocabulary-sized tables: token embeddings and an untied output projection),
 ``params_encoder`` / ``params_decoder`` (everything else in the encoder / decoder), and ``macs``,
 the multiply-accumulates of one teacher-forced forward pass over one sentence pair of
 ``--src-len`` source and ``--tgt-len`` target tokens (20 and 20: the papers' convention),
-output projection included; and ``macs_decode``, the convention of Mehta et al. (2021) that
+output projection included (with ``--eval-width``: the cropped sub-Transformer of a
+``scalable_transformer``, type-2 with ``--layer-widths``); and ``macs_decode``, the convention of Mehta et al. (2021) that
 PartialFormer's Table 5 uses: the source encoded once, then ``--tgt-len`` greedy decoding steps,
 each re-running the decoder on the whole prefix without a cache and projecting every position to
 the vocabulary (it reproduces Table 5's 9.9B for a 6-6/512 Transformer and 6.3B for 24-6/360 at
@@ -79,10 +81,33 @@ def count_decode_macs(model, src_len: int = 20, tgt_len: int = 20) -> int:
     return _measured_macs(decode)
 
 
-def model_stats(arch: str, argv=(), vocab_size: int = 32000, src_len: int = 20, tgt_len: int = 20) -> dict:
-    """Build ``arch`` (flags ``argv``) on a joined vocabulary of ``vocab_size`` and count it."""
+def sub_transformer_param_counts(model) -> dict:
+    """:func:`param_counts` of the active sub-Transformer of a scalable model (its cropped tensors)."""
+    groups, seen = {"params_embedding": 0, "params_encoder": 0, "params_decoder": 0}, set()
+    for name, tensor in model.sub_transformer_state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key not in seen:
+            seen.add(key)
+            group = "params_embedding" if "embed_tokens" in name else f"params_{name.split('.')[0]}"
+            groups[group] += tensor.numel()
+    return {"params": sum(groups.values()), **groups}
+
+
+def model_stats(arch: str, argv=(), vocab_size: int = 32000, src_len: int = 20, tgt_len: int = 20,
+                eval_width: int = 0, layer_widths=None) -> dict:
+    """Build ``arch`` (flags ``argv``) on a joined vocabulary of ``vocab_size`` and count it; with
+    ``eval_width``, the sub-Transformer of that width (and ``layer_widths``) of a scalable model.
+
+    Raises:
+        ValueError: on a bad flag value, or ``eval_width`` for an arch without sub-Transformers.
+    """
     model = build_model(arch, argv, vocab_size=vocab_size)
-    stats = {"arch": arch, "vocab_size": vocab_size, **param_counts(model)}
+    if eval_width:
+        if not hasattr(model, "set_sample_config"):
+            raise ValueError(f"--eval-width needs a scalable_transformer arch, not {arch!r}")
+        model.set_sample_config(eval_width, layer_widths)
+    counts = sub_transformer_param_counts(model) if eval_width else param_counts(model)
+    stats = {"arch": arch, "vocab_size": vocab_size, **counts}
     stats["macs"] = count_macs(model, src_len, tgt_len)
     stats["macs_decode"] = count_decode_macs(model, src_len, tgt_len)
     return stats
@@ -98,9 +123,15 @@ def main(argv=None):
                         help="size of the joined (source = target) dictionary, specials included")
     parser.add_argument("--src-len", type=int, default=20, help="source tokens for the MAC count")
     parser.add_argument("--tgt-len", type=int, default=20, help="target tokens for the MAC count")
+    parser.add_argument("--eval-width", type=int, default=0,
+                        help="scalable_transformer: count the sub-Transformer of width C (type-1 alone)")
+    parser.add_argument("--layer-widths", default=None,
+                        help="scalable_transformer, type-2: D^i of every encoder then decoder layer, comma-separated")
     args, arch_argv = parser.parse_known_args(argv)
+    layer_widths = [int(w) for w in args.layer_widths.split(",")] if args.layer_widths else None
     try:
-        stats = model_stats(args.arch, arch_argv, args.vocab_size, args.src_len, args.tgt_len)
+        stats = model_stats(args.arch, arch_argv, args.vocab_size, args.src_len, args.tgt_len, args.eval_width,
+                            layer_widths)
     except ValueError as e:
         sys.exit(f"error: {e}")
     print(json.dumps(stats))

@@ -1,0 +1,307 @@
+"""Scalable Transformers (Gao et al. 2021, "Scalable Transformers for Neural Machine Translation").
+
+One widest Transformer (width M_max, 6 + 6 post-norm layers) whose top-left weight blocks form
+every narrower sub-Transformer (Sec. 3.2): width C for embeddings-after-projection, residual
+stream and LayerNorms, attention width D^i (D^i / 64 heads of 64) and FFN hidden 4·D^i per layer.
+The word embedding stays M_max wide; an input projection W'_e (Eq. 3, cropped to its first C
+outputs) and an output projection W'_o (Eq. 4, its first C inputs, full bias) connect it to the
+sub-Transformer (Eq. 5); ``--no-io-projections`` crops the embedding itself (Table 1's "I/O
+cropping"). Type-1 sub-Transformers use one width everywhere (C = D^i); type-2 keep C = M_max and
+choose D^i per layer.
+
+``model.set_sample_config(width, layer_widths=None)`` selects the active sub-Transformer; the
+blocks are in :mod:`fairseq_widearch.modules.slimmable`.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from fairseq import utils
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig, base_architecture
+from fairseq.modules.fairseq_dropout import FairseqDropout
+from torch import Tensor
+
+from ..modules.encoder_layer import EncoderLayer
+from ..modules.slimmable import HEAD_DIM, SlimmableAttention, SlimmableLayerNorm, SlimmableLinear
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults
+from .presets import set_defaults
+from .validation import require
+
+
+@dataclass
+class ScalableTransformerConfig(TransformerConfig):
+    """Flags of ``scalable_transformer``; M_max is ``--encoder-embed-dim`` (= ``--decoder-embed-dim``)."""
+
+    scalable_widths: str = field(
+        default="", metadata={"help": "the width set M (comma-separated multiples of 64, Sec. 3.1); empty: every "
+                                      "multiple of 64 from M_max / 4 to M_max (256, 320, ..., 1024 at M_max = 1024)"}
+    )
+    no_io_projections: bool = field(
+        default=False, metadata={"help": "no input/output projections (Eqs. 3-5): crop the embedding to its first C "
+                                         "columns ('I/O cropping', Table 1)"}
+    )
+
+
+_SCALABLE_DEFAULTS = added_defaults(ScalableTransformerConfig)
+
+
+def width_set(cfg) -> List[int]:
+    """M, ascending."""
+    if cfg.scalable_widths:
+        return sorted(int(w) for w in str(cfg.scalable_widths).split(","))
+    return list(range(cfg.encoder_embed_dim // 4, cfg.encoder_embed_dim + 1, HEAD_DIM))
+
+
+def crop_linear(prefix: str, linear, out_features: int, in_features: int, full_bias: bool = False) -> Dict[str, Tensor]:
+    """The top-left ``(out, in)`` block of a linear layer's weight and its bias (first ``out``
+    entries, or all of them for an output kept at full width, Eq. 5)."""
+    cropped = {f"{prefix}.weight": linear.weight[:out_features, :in_features]}
+    if linear.bias is not None:
+        cropped[f"{prefix}.bias"] = linear.bias if full_bias else linear.bias[:out_features]
+    return cropped
+
+
+def crop_norm(prefix: str, norm, width: int) -> Dict[str, Tensor]:
+    return {f"{prefix}.weight": norm.weight[:width], f"{prefix}.bias": norm.bias[:width]}
+
+
+class ScalableLayer(EncoderLayer):
+    """A post-norm (or pre-norm) Transformer layer of slimmable parts, with fairseq's parameter
+    names: self-attention, optional cross-attention (decoder), FFN of hidden 4·D (Eq. 2)."""
+
+    def __init__(self, cfg, cross_attention: bool = False):
+        super().__init__()
+        width = cfg.encoder_embed_dim
+        self.normalize_before = cfg.encoder_normalize_before
+        self.self_attn = SlimmableAttention(width, width, dropout=cfg.attention_dropout)
+        self.self_attn_layer_norm = SlimmableLayerNorm(width)
+        self.encoder_attn = SlimmableAttention(width, width, dropout=cfg.attention_dropout,
+                                               self_attention=False) if cross_attention else None
+        self.encoder_attn_layer_norm = SlimmableLayerNorm(width) if cross_attention else None
+        self.fc1, self.fc2 = SlimmableLinear(width, 4 * width), SlimmableLinear(4 * width, width)
+        self.final_layer_norm = SlimmableLayerNorm(width)
+        self.activation_fn = utils.get_activation_fn(cfg.activation_fn)
+        self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
+        self.activation_dropout_module = FairseqDropout(cfg.activation_dropout, module_name=self.__class__.__name__)
+
+    def set_active_width(self, dim: int):
+        """Attention width D (Q, K, V cropped to D, D / 64 heads) and FFN hidden 4·D."""
+        for attn in (self.self_attn, self.encoder_attn):
+            if attn is not None:
+                attn.set_active_width(dim)
+        self.fc1.set_active_width(4 * dim)
+
+    def cropped_state(self, width: int) -> Dict[str, Tensor]:
+        """This layer's parameters as the active sub-Transformer of width C = ``width`` uses them."""
+        dim, cropped = self.self_attn.active_dim, {}
+        for name in ("self_attn", "encoder_attn"):
+            attn = getattr(self, name)
+            if attn is not None:
+                for proj in ("q_proj", "k_proj", "v_proj"):
+                    cropped.update(crop_linear(f"{name}.{proj}", getattr(attn, proj), dim, width))
+                cropped.update(crop_linear(f"{name}.out_proj", attn.out_proj, width, dim))
+                cropped.update(crop_norm(f"{name}_layer_norm", getattr(self, f"{name}_layer_norm"), width))
+        cropped.update(crop_linear("fc1", self.fc1, 4 * dim, width))
+        cropped.update(crop_linear("fc2", self.fc2, width, 4 * dim))
+        cropped.update(crop_norm("final_layer_norm", self.final_layer_norm, width))
+        return cropped
+
+    def _sublayer(self, x: Tensor, norm, fn) -> Tensor:
+        h = fn(norm(x) if self.normalize_before else x)
+        x = x + self.dropout_module(h)
+        return x if self.normalize_before else norm(x)
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))), x.size(-1))
+
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor], encoder_out: Optional[Tensor] = None,
+                encoder_padding_mask: Optional[Tensor] = None, incremental_state=None,
+                self_attn_mask: Optional[Tensor] = None) -> Tensor:
+        """x ``(T, B, C)``; padding_mask ``(B, T)``; encoder_out ``(S, B, C)`` for a decoder layer."""
+        x = self._sublayer(x, self.self_attn_layer_norm, lambda h: self.self_attn(
+            h, key_padding_mask=padding_mask, attn_mask=self_attn_mask, incremental_state=incremental_state))
+        if self.encoder_attn is not None:
+            x = self._sublayer(x, self.encoder_attn_layer_norm, lambda h: self.encoder_attn(
+                h, encoder_out, key_padding_mask=encoder_padding_mask, incremental_state=incremental_state))
+        return self._sublayer(x, self.final_layer_norm, self._ffn)
+
+
+class WidthSelection:
+    """What the encoder and the decoder share: the input projection W'_e (Eq. 3) cropped to the
+    active width C (or the embedding itself cropped), and per-layer widths."""
+
+    def build_width_selection(self, cfg):
+        width = cfg.encoder_embed_dim
+        self.width = width
+        self.input_projection = None if cfg.no_io_projections else SlimmableLinear(width, width)
+        if self.layer_norm is not None:  # pre-norm: the final LayerNorm at width C
+            self.layer_norm = SlimmableLayerNorm(width)
+
+    def set_widths(self, width: int, layer_widths: Sequence[int]):
+        self.width = width
+        if self.input_projection is not None:
+            self.input_projection.set_active_width(width)
+        for layer, dim in zip(self.layers, layer_widths):
+            layer.set_active_width(dim)
+
+    def cropped_state(self) -> Dict[str, Tensor]:
+        """Embedding (M_max wide, or its first C columns without I/O projections), the input
+        projection's first C outputs, every layer's crop and the final LayerNorm's."""
+        width, full = self.width, self.embed_tokens.embedding_dim
+        cropped = {"embed_tokens.weight": self.embed_tokens.weight[:, : full if self.input_projection else width]}
+        if self.input_projection is not None:
+            cropped.update(crop_linear("input_projection", self.input_projection, width, full))
+        for i, layer in enumerate(self.layers):
+            cropped.update({f"layers.{i}.{k}": v for k, v in layer.cropped_state(width).items()})
+        if self.layer_norm is not None:
+            cropped.update(crop_norm("layer_norm", self.layer_norm, width))
+        return cropped
+
+    def project_in(self, x: Tensor) -> Tensor:
+        """``(T, B, M_max)`` embeddings -> ``(T, B, C)``."""
+        return self.input_projection(x) if self.input_projection is not None else x[..., : self.width]
+
+
+class ScalableEncoder(WidthSelection, LayerLoopEncoder):
+    """Encoder of slimmable layers (width C, attention widths D^1..D^6)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens):
+        super().__init__(cfg, dictionary, embed_tokens)
+        self.build_width_selection(cfg)
+
+    def build_encoder_layer(self, cfg):
+        return ScalableLayer(cfg)
+
+    def run_layers(self, x, padding_mask, states, src_tokens):
+        x = self.project_in(x)
+        mask = padding_mask if padding_mask.any() else None
+        for layer in self.layers:
+            x = layer(x, mask)
+            if states is not None:
+                states.append(x)
+        return x, {}
+
+
+class ScalableDecoder(WidthSelection, LayerLoopDecoder):
+    """Decoder of slimmable layers; its output goes back to M_max through W'_o (Eq. 4, held in
+    fairseq's ``project_out_dim`` slot, applied after the final LayerNorm) before the tied softmax."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        self.build_width_selection(cfg)
+        width = cfg.decoder_embed_dim
+        self.project_out_dim = None if cfg.no_io_projections else SlimmableLinear(width, width)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return ScalableLayer(cfg, cross_attention=True)
+
+    def cropped_state(self) -> Dict[str, Tensor]:
+        cropped = super().cropped_state()
+        if self.project_out_dim is not None:  # W'_o: the first C inputs, the full bias (Eq. 5)
+            cropped.update(crop_linear("project_out_dim", self.project_out_dim, self.width_max, self.width,
+                                       full_bias=True))
+        return cropped
+
+    def output_layer(self, features):
+        if self.project_out_dim is None and features.size(-1) < self.width_max:  # I/O cropping: cropped tied softmax
+            return features @ self.output_projection.weight[:, : features.size(-1)].t()
+        return super().output_layer(features)
+
+    @property
+    def width_max(self) -> int:
+        return self.embed_tokens.embedding_dim
+
+    def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux):
+        x = self.project_in(x)
+        for layer in self.layers:
+            x = layer(x, self_attn_padding_mask, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask)
+            inner_states.append(x)
+        return x, {}
+
+
+def validate_scalable_config(args):
+    """Raise ``ValueError`` naming the flag and value of the first invalid setting."""
+    width = args.encoder_embed_dim
+    require(width % HEAD_DIM == 0, f"--encoder-embed-dim {width} (M_max) must be a multiple of {HEAD_DIM}")
+    require(args.decoder_embed_dim == width,
+            f"--decoder-embed-dim {args.decoder_embed_dim} must equal --encoder-embed-dim {width} (one M_max)")
+    widths = width_set(args)
+    bad = [w for w in widths if w <= 0 or w > width or w % HEAD_DIM]
+    require(not bad, f"--scalable-widths {args.scalable_widths!r}: {bad} are not multiples of {HEAD_DIM} in "
+                     f"(0, {width}]")
+    require(args.encoder_normalize_before == args.decoder_normalize_before,
+            "--encoder-normalize-before and --decoder-normalize-before must agree")
+
+
+@register_model("scalable_transformer")
+class ScalableTransformerModel(WideTransformerModel):
+    """Scalable Transformer (Gao et al. 2021). Flags: :class:`ScalableTransformerConfig`; presets
+    ``scalable_transformer{,_wmt_en_de,_tiny}``. Select a sub-Transformer with
+    :meth:`set_sample_config`; the widest is active after building."""
+
+    config = ScalableTransformerConfig
+    encoder_class = ScalableEncoder
+    decoder_class = ScalableDecoder
+
+    base_preset = staticmethod(lambda args: scalable_transformer(args))  # registered below
+    validate = staticmethod(validate_scalable_config)
+
+    def set_sample_config(self, width: int, layer_widths: Optional[Sequence[int]] = None):
+        """Activate a sub-Transformer.
+
+        Args:
+            width (int): C, a multiple of 64 in (0, M_max]. Type-1: alone (D^i = C everywhere).
+            layer_widths (list of int, optional): type-2: D^i of each encoder layer then each decoder
+                layer (multiples of 64 in (0, M_max]); C is then normally M_max.
+
+        Raises:
+            ValueError: on a width outside the range or not a multiple of 64, or a wrong number of
+                layer widths.
+        """
+        num_layers = len(self.encoder.layers) + len(self.decoder.layers)
+        layer_widths = list(layer_widths) if layer_widths is not None else [width] * num_layers
+        if len(layer_widths) != num_layers:
+            raise ValueError(f"--layer-widths needs {num_layers} widths (encoder then decoder layers), "
+                             f"got {len(layer_widths)}")
+        maximum = self.encoder.embed_tokens.embedding_dim
+        for w in [width, *layer_widths]:
+            if not 0 < w <= maximum or w % HEAD_DIM:
+                raise ValueError(f"sub-Transformer widths must be multiples of {HEAD_DIM} in (0, {maximum}], got {w}")
+        self.encoder.set_widths(width, layer_widths[: len(self.encoder.layers)])
+        self.decoder.set_widths(width, layer_widths[len(self.encoder.layers):])
+
+    def sub_transformer_state_dict(self) -> Dict[str, Tensor]:
+        """The active sub-Transformer's parameters, cropped (views of the shared tensors), named as
+        in this model's state dict; the tied output embedding appears once, as the embedding."""
+        return {**{f"encoder.{k}": v for k, v in self.encoder.cropped_state().items()},
+                **{f"decoder.{k}": v for k, v in self.decoder.cropped_state().items()}}
+
+    def sub_transformer_num_params(self) -> int:
+        """Parameters of the active sub-Transformer, tensors shared by the stacks counted once."""
+        unique = {(t.data_ptr(), tuple(t.shape)): t.numel() for t in self.sub_transformer_state_dict().values()}
+        return sum(unique.values())
+
+
+@register_model_architecture("scalable_transformer", "scalable_transformer")
+def scalable_transformer(args):
+    """Base preset: the paper's widest model, M_max = 1024, 6 + 6 post-norm layers, 16 heads of 64,
+    FFN 4096, shared vocabulary with tied output embedding."""
+    set_defaults(args, **_SCALABLE_DEFAULTS, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096,
+                 encoder_attention_heads=16, decoder_attention_heads=16, share_all_embeddings=True)
+    base_architecture(args)
+
+
+@register_model_architecture("scalable_transformer", "scalable_transformer_wmt_en_de")
+def scalable_transformer_wmt_en_de(args):
+    """The paper's En-De model (type-1, widths 256..1024); width-dependent dropout is to come."""
+    set_defaults(args, dropout=0.3, attention_dropout=0.1)
+    scalable_transformer(args)
+
+
+@register_model_architecture("scalable_transformer", "scalable_transformer_tiny")
+def scalable_transformer_tiny(args):
+    """Tiny model for tests: M_max = 128 (widths 64, 128), 2 + 2 layers."""
+    set_defaults(args, encoder_embed_dim=128, encoder_ffn_embed_dim=512, encoder_attention_heads=2,
+                 decoder_attention_heads=2, encoder_layers=2, decoder_layers=2, scalable_widths="64,128")
+    scalable_transformer(args)

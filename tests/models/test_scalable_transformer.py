@@ -1,0 +1,107 @@
+"""scalable_transformer (Gao et al. 2021): the widest model is a post-norm Transformer plus the
+I/O projections; sub-Transformers crop (less work), type-2 per-layer widths, config errors."""
+import pytest
+import torch
+
+from fairseq_widearch.cli.stats import count_macs
+from fairseq_widearch.model_builder import build_model, dummy_dictionary
+
+VOCAB = 40
+
+
+def batch():
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, VOCAB, (3, 7), generator=g)
+    src[0, :2] = 1
+    prev = torch.randint(4, VOCAB, (3, 6), generator=g)
+    prev[:, 0] = 2
+    return src, torch.tensor([5, 7, 7]), prev
+
+
+def test_widest_model_with_identity_projections_equals_fairseq_post_norm_transformer():
+    torch.manual_seed(0)
+    d = dummy_dictionary(VOCAB)
+    model = build_model("scalable_transformer_tiny", src_dict=d).eval()
+    with torch.no_grad():
+        for proj in (model.encoder.input_projection, model.decoder.input_projection, model.decoder.project_out_dim):
+            proj.weight.copy_(torch.eye(128))
+            proj.bias.zero_()
+    stock = build_model("transformer", ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
+                                         "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+                                         "--encoder-layers", "2", "--decoder-layers", "2", "--share-all-embeddings"],
+                        src_dict=d).eval()
+    missing, unexpected = stock.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and all("projection" in k or "project_out_dim" in k for k in unexpected), unexpected
+    with torch.no_grad():
+        torch.testing.assert_close(model(*batch())[0], stock(*batch())[0], atol=1e-5, rtol=1e-5)
+
+
+def test_sub_transformers_crop_and_do_less_work():
+    torch.manual_seed(0)
+    model = build_model("scalable_transformer_tiny", vocab_size=VOCAB).eval()
+    widest = count_macs(model)
+    model.set_sample_config(64)
+    narrow = count_macs(model)
+    assert narrow < 0.5 * widest  # all widths halved: attention/FFN MACs quarter, I/O and vocab halved
+    with torch.no_grad():
+        out = model(*batch())[0]
+    assert out.shape == (3, 6, VOCAB) and torch.isfinite(out).all()
+    model.set_sample_config(128, [64, 128, 128, 64])  # type-2: C = M_max, per-layer D^i
+    assert model.encoder.layers[0].self_attn.active_dim == 64 and model.decoder.layers[1].fc1.active_out == 256
+    assert count_macs(model) < widest
+
+
+@pytest.mark.parametrize("width,layers,message", [
+    (96, None, "multiples of 64 in (0, 128], got 96"),
+    (256, None, "got 256"),
+    (128, [64, 64], "needs 4 widths"),
+])
+def test_bad_sample_configs(width, layers, message):
+    model = build_model("scalable_transformer_tiny", vocab_size=VOCAB)
+    with pytest.raises(ValueError, match=message.replace("(", "\\(").replace(")", "\\)").replace("]", "\\]")):
+        model.set_sample_config(width, layers)
+
+
+def test_io_cropping_variant_runs_at_a_narrow_width():
+    model = build_model("scalable_transformer_tiny", ["--no-io-projections"], vocab_size=VOCAB).eval()
+    model.set_sample_config(64)
+    with torch.no_grad():
+        assert model(*batch())[0].shape == (3, 6, VOCAB)
+
+
+def test_invalid_width_set_fails_at_build_naming_the_flag():
+    with pytest.raises(ValueError, match="--scalable-widths '64,100': \\[100\\]"):
+        build_model("scalable_transformer_tiny", ["--scalable-widths", "64,100"], vocab_size=VOCAB)
+
+
+def test_sub_transformer_parameters_are_the_crops():
+    model = build_model("scalable_transformer_tiny", vocab_size=VOCAB)
+    assert model.sub_transformer_num_params() == sum(p.numel() for p in model.parameters())  # widest = all
+    model.set_sample_config(64)
+    state = model.sub_transformer_state_dict()
+    assert state["encoder.layers.0.self_attn.q_proj.weight"].shape == (64, 64)
+    assert state["decoder.layers.1.fc2.weight"].shape == (64, 256)
+    assert state["decoder.project_out_dim.weight"].shape == (128, 64) and state["decoder.project_out_dim.bias"].shape == (128,)
+    c, m, layers = 64, 128, 2
+    attention = 4 * (c * c + c)
+    ffn = c * 4 * c + 4 * c + 4 * c * c + c
+    expected = (VOCAB * m                      # shared embedding, M_max wide
+                + 2 * (m * c + c)               # input projections of both stacks
+                + (c * m + m)                   # output projection, full bias
+                + layers * (attention + ffn + 2 * 2 * c)                   # encoder layers
+                + layers * (2 * attention + ffn + 3 * 2 * c))              # decoder layers
+    assert model.sub_transformer_num_params() == expected
+
+
+# Table 1 / Table 7 (En-De, shared 32K BPE vocabulary): parameters per width, with and without I/O projections.
+TABLE1_PARAMS = {256: (45, 19), 512: (79, 61), 768: (135, 124), 1024: (209, 209)}
+
+
+@pytest.mark.parametrize("width", sorted(TABLE1_PARAMS))
+def test_stats_per_width_match_table1_within_3_percent(width):
+    from fairseq_widearch.cli.stats import model_stats
+    with_io, without_io = TABLE1_PARAMS[width]
+    ours = model_stats("scalable_transformer", vocab_size=32000, eval_width=width)
+    assert abs(ours["params"] / 1e6 - with_io) / with_io < 0.03, ours
+    cropped = model_stats("scalable_transformer", ["--no-io-projections"], vocab_size=32000, eval_width=width)
+    assert abs(cropped["params"] / 1e6 - without_io) / without_io < 0.03, cropped
