@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from fairseq import utils
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, base_architecture
 from fairseq.modules.fairseq_dropout import FairseqDropout
@@ -35,6 +36,14 @@ class ScalableTransformerConfig(TransformerConfig):
     scalable_widths: str = field(
         default="", metadata={"help": "the width set M (comma-separated multiples of 64, Sec. 3.1); empty: every "
                                       "multiple of 64 from M_max / 4 to M_max (256, 320, ..., 1024 at M_max = 1024)"}
+    )
+    sub_transformer_type: ChoiceEnum(("type1", "type2")) = field(
+        default="type1", metadata={"help": "sub-Transformers sampled in training: type1 one width C = D^i, type2 "
+                                           "C = M_max with a width D^i per layer (Sec. 3.3)"}
+    )
+    width_dropout: str = field(
+        default="", metadata={"help": "width-dependent dropout (Appendix B) as 'w1:p1,w2:p2,...': widths >= w_k use "
+                                      "p_k; empty: --dropout at every width"}
     )
     no_io_projections: bool = field(
         default=False, metadata={"help": "no input/output projections (Eqs. 3-5): crop the embedding to its first C "
@@ -63,6 +72,13 @@ def crop_linear(prefix: str, linear, out_features: int, in_features: int, full_b
 
 def crop_norm(prefix: str, norm, width: int) -> Dict[str, Tensor]:
     return {f"{prefix}.weight": norm.weight[:width], f"{prefix}.bias": norm.bias[:width]}
+
+
+def width_dropout(cfg, width: int) -> float:
+    """The dropout of sub-Transformers of width ``width`` (Appendix B; Tables 1 and 8)."""
+    table = sorted((int(w), float(p)) for w, p in (item.split(":") for item in cfg.width_dropout.split(",")))
+    chosen = [p for w, p in table if width >= w]
+    return chosen[-1] if chosen else table[0][1]
 
 
 class ScalableLayer(EncoderLayer):
@@ -230,6 +246,11 @@ def validate_scalable_config(args):
     bad = [w for w in widths if w <= 0 or w > width or w % HEAD_DIM]
     require(not bad, f"--scalable-widths {args.scalable_widths!r}: {bad} are not multiples of {HEAD_DIM} in "
                      f"(0, {width}]")
+    if args.width_dropout:
+        try:
+            width_dropout(args, width)
+        except ValueError:
+            raise ValueError(f"--width-dropout must look like '256:0,448:0.1', got {args.width_dropout!r}")
     require(args.encoder_normalize_before == args.decoder_normalize_before,
             "--encoder-normalize-before and --decoder-normalize-before must agree")
 
@@ -237,7 +258,7 @@ def validate_scalable_config(args):
 @register_model("scalable_transformer")
 class ScalableTransformerModel(WideTransformerModel):
     """Scalable Transformer (Gao et al. 2021). Flags: :class:`ScalableTransformerConfig`; presets
-    ``scalable_transformer{,_wmt_en_de,_tiny}``. Select a sub-Transformer with
+    ``scalable_transformer{,_wmt_en_de,_type2_wmt_en_de,_wmt_en_fr,_tiny}``. Select a sub-Transformer with
     :meth:`set_sample_config`; the widest is active after building."""
 
     config = ScalableTransformerConfig
@@ -270,6 +291,11 @@ class ScalableTransformerModel(WideTransformerModel):
                 raise ValueError(f"sub-Transformer widths must be multiples of {HEAD_DIM} in (0, {maximum}], got {w}")
         self.encoder.set_widths(width, layer_widths[: len(self.encoder.layers)])
         self.decoder.set_widths(width, layer_widths[len(self.encoder.layers):])
+        if self.cfg.width_dropout:  # residual and embedding dropout follow the width C (Appendix B)
+            p = width_dropout(self.cfg, width)
+            for stack in (self.encoder, self.decoder):
+                for module in (stack, *stack.layers):
+                    module.dropout_module.p = p
 
     def sub_transformer_state_dict(self) -> Dict[str, Tensor]:
         """The active sub-Transformer's parameters, cropped (views of the shared tensors), named as
@@ -292,10 +318,28 @@ def scalable_transformer(args):
     base_architecture(args)
 
 
+#: Appendix B's width-dependent dropout: En-De (Table 1), En-Fr (Table 8).
+EN_DE_DROPOUT, EN_FR_DROPOUT = "256:0,448:0.1,704:0.2,896:0.3", "256:0,640:0.1"
+
+
 @register_model_architecture("scalable_transformer", "scalable_transformer_wmt_en_de")
 def scalable_transformer_wmt_en_de(args):
-    """The paper's En-De model (type-1, widths 256..1024); width-dependent dropout is to come."""
-    set_defaults(args, dropout=0.3, attention_dropout=0.1)
+    """The paper's En-De model: type-1, widths 256..1024, dropout 0 / 0.1 / 0.2 / 0.3 by width."""
+    set_defaults(args, width_dropout=EN_DE_DROPOUT, dropout=0.3)
+    scalable_transformer(args)
+
+
+@register_model_architecture("scalable_transformer", "scalable_transformer_type2_wmt_en_de")
+def scalable_transformer_type2_wmt_en_de(args):
+    """The En-De model trained with type-2 sub-Transformers (C = 1024, D^i per layer)."""
+    set_defaults(args, sub_transformer_type="type2")
+    scalable_transformer_wmt_en_de(args)
+
+
+@register_model_architecture("scalable_transformer", "scalable_transformer_wmt_en_fr")
+def scalable_transformer_wmt_en_fr(args):
+    """The paper's En-Fr model: type-1, dropout 0 up to width 576, 0.1 from 640 (Table 8)."""
+    set_defaults(args, width_dropout=EN_FR_DROPOUT, dropout=0.1)
     scalable_transformer(args)
 
 

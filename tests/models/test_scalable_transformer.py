@@ -105,3 +105,23 @@ def test_stats_per_width_match_table1_within_3_percent(width):
     assert abs(ours["params"] / 1e6 - with_io) / with_io < 0.03, ours
     cropped = model_stats("scalable_transformer", ["--no-io-projections"], vocab_size=32000, eval_width=width)
     assert abs(cropped["params"] / 1e6 - without_io) / without_io < 0.03, cropped
+
+
+def test_width_dependent_dropout_follows_the_sample_config():
+    model = build_model("scalable_transformer_tiny", ["--width-dropout", "64:0,128:0.2"], vocab_size=VOCAB)
+    model.set_sample_config(64)
+    assert model.encoder.dropout_module.p == 0.0 and model.decoder.layers[1].dropout_module.p == 0.0
+    model.set_sample_config(128)
+    assert model.encoder.layers[0].dropout_module.p == 0.2 and model.decoder.dropout_module.p == 0.2
+    with pytest.raises(ValueError, match="--width-dropout must look like '256:0,448:0.1', got '64-0'"):
+        build_model("scalable_transformer_tiny", ["--width-dropout", "64-0"], vocab_size=VOCAB)
+
+
+def test_paper_presets_register_their_dropout_tables():
+    from fairseq_widearch.model_builder import parse_arch_args
+    from fairseq_widearch.models.scalable_transformer import width_dropout
+    en_de = parse_arch_args("scalable_transformer_wmt_en_de")
+    assert [width_dropout(en_de, w) for w in (256, 384, 448, 640, 704, 896, 1024)] == [0, 0, 0.1, 0.1, 0.2, 0.3, 0.3]
+    en_fr = parse_arch_args("scalable_transformer_wmt_en_fr")
+    assert [width_dropout(en_fr, w) for w in (576, 640)] == [0, 0.1]
+    assert parse_arch_args("scalable_transformer_type2_wmt_en_de").sub_transformer_type == "type2"
