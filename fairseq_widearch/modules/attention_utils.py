@@ -1,7 +1,7 @@
 """What the plugin's own attention modules share: fairseq-style decoding caches of per-head keys
 and values ``(B, heads, S, head_dim)``, and additive masks for ``F.scaled_dot_product_attention``.
 The modules are decorated with fairseq's ``with_incremental_state``."""
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -45,6 +45,21 @@ def reorder_cache(module, incremental_state, new_order: Tensor, static: bool = F
         return incremental_state
     module.set_incremental_state(incremental_state, _KEY, {name: t.index_select(0, new_order) for name, t in cache.items()})
     return incremental_state
+
+
+def keys_values_and_mask(module, query: Tensor, key: Optional[Tensor], key_padding_mask: Optional[Tensor],
+                         attn_mask: Optional[Tensor], incremental_state) -> Tuple[Cache, Optional[Tensor]]:
+    """The keys/values an attention module attends to (``module._project_kv(x)`` ->
+    ``{"prev_key", "prev_value"}``, per head) and the additive mask that applies. Self-attention
+    projects ``query`` and, when decoding, appends to the cache; one decoding step then attends to
+    every cached key, so no mask applies. Encoder-decoder attention projects ``key`` once."""
+    if module.self_attention:
+        kv = append_to_cache(module, incremental_state, module._project_kv(query))
+        if incremental_state is not None:
+            return kv, None
+    else:
+        kv = static_cache(module, incremental_state, lambda: module._project_kv(key))
+    return kv, additive_mask(key_padding_mask, attn_mask, query.dtype)
 
 
 def additive_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype) -> Optional[Tensor]:

@@ -25,7 +25,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
-from .attention_utils import additive_mask, append_to_cache, reorder_cache, static_cache
+from .attention_utils import append_to_cache, keys_values_and_mask, reorder_cache, static_cache
 
 GATE_FUNCTIONS = {"relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
 GATE_ACTIVATIONS = tuple(GATE_FUNCTIONS)
@@ -209,14 +209,8 @@ class PartialAttention(nn.Module):
         """
         T, B, _ = query.shape
         q = _heads(self.q_proj(query), self.head_dim)
-        if self.self_attention:
-            kv = append_to_cache(self, incremental_state, self._project_kv(query))
-            if incremental_state is not None:  # one step attends to every cached key, no padding
-                attn_mask, key_padding_mask = None, None
-        else:
-            kv = static_cache(self, incremental_state, lambda: self._project_kv(key))
+        kv, mask = keys_values_and_mask(self, query, key, key_padding_mask, attn_mask, incremental_state)
         k, v = kv["prev_key"], kv["prev_value"]
-        mask = additive_mask(key_padding_mask, attn_mask, q.dtype)
         if global_logits is not None:
             mask = global_logits if mask is None else global_logits + mask
         dropout = self.dropout if self.training else 0.0

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from .attention_utils import additive_mask, append_to_cache, reorder_cache, static_cache
+from .attention_utils import keys_values_and_mask, reorder_cache
 
 #: Attention head dimension of every width (Sec. 3.2: a layer of width D has D / 64 heads).
 HEAD_DIM = 64
@@ -119,13 +119,7 @@ class SlimmableAttention(nn.Module):
         ``(B, S)`` True at padding; attn_mask ``(T, S)`` additive -> ``(T, B, C)``."""
         T, B, C = query.shape
         q = self._heads(self.q_proj(query))
-        if self.self_attention:
-            kv = append_to_cache(self, incremental_state, self._project_kv(query))
-            if incremental_state is not None:  # one step attends to every cached key, no padding
-                attn_mask, key_padding_mask = None, None
-        else:
-            kv = static_cache(self, incremental_state, lambda: self._project_kv(key))
-        mask = additive_mask(key_padding_mask, attn_mask, q.dtype)
+        kv, mask = keys_values_and_mask(self, query, key, key_padding_mask, attn_mask, incremental_state)
         out = F.scaled_dot_product_attention(q, kv["prev_key"], kv["prev_value"], attn_mask=mask,
                                              dropout_p=self.dropout if self.training else 0.0)
         return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, self.active_dim), C)
