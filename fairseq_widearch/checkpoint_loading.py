@@ -51,3 +51,23 @@ def allow_fairseq_checkpoint_globals():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:
         add(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+def plain_config(value):
+    """A config as plain containers (no Namespace, no omegaconf objects)."""
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if isinstance(value, dict):
+        return {k: plain_config(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_config(v) for v in value]
+    return value
+
+
+def save_derived_checkpoint(source_state: dict, model_args: argparse.Namespace, model_state: dict, out: str):
+    """Write a checkpoint derived from the loaded checkpoint ``source_state`` (pruned, exported):
+    its config with ``model_args`` stored as plain containers, so that fairseq loads it under
+    weights-only loading, and ``model_state``; no optimizer or data-iterator state."""
+    torch.save({"args": None, "cfg": plain_config({**source_state["cfg"], "model": model_args}), "model": model_state,
+                "optimizer_history": plain_config(source_state["optimizer_history"]), "extra_state": {},
+                "last_optimizer_state": None}, out)

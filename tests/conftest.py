@@ -62,6 +62,7 @@ TRAIN_FLAGS = ["--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.
                "--log-format", "simple", "--log-interval", "1", "--no-epoch-checkpoints", "--disable-validation"]
 
 
-def train(data, save_dir, arch, *extra, cwd=None, user_dir=None, max_update=3):
+def train(data, save_dir, arch, *extra, cwd=None, user_dir=None, max_update=3, validate=False):
+    flags = TRAIN_FLAGS if not validate else [f for f in TRAIN_FLAGS if f != "--disable-validation"]
     return run([fairseq_cli("train"), data, "--user-dir", user_dir or REPO / "fairseq_widearch", "--arch", arch,
-                "--save-dir", save_dir, "--max-update", max_update, *TRAIN_FLAGS, *extra], cwd=cwd)
+                "--save-dir", save_dir, "--max-update", max_update, *flags, *extra], cwd=cwd)

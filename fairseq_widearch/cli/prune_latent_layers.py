@@ -23,6 +23,7 @@ from argparse import Namespace
 import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
+from fairseq_widearch.checkpoint_loading import save_derived_checkpoint
 
 STACKS = ("encoder", "decoder")
 
@@ -63,17 +64,6 @@ def prune_state_dict(state_dict, kept):
     return out
 
 
-def plain(value):
-    """A config as plain containers (no Namespace, no omegaconf objects)."""
-    if isinstance(value, Namespace):
-        value = vars(value)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
-
-
 def prune(checkpoint: str, out: str, threshold: float = 0.5, lang_pair: str = None) -> dict:
     state = torch.load(checkpoint, map_location="cpu")
     cfg = state["cfg"]
@@ -92,10 +82,7 @@ def prune(checkpoint: str, out: str, threshold: float = 0.5, lang_pair: str = No
             delattr(args, name)
     args.arch, args._name = "transformer", "transformer"
     args.encoder_layers, args.decoder_layers = len(kept["encoder"]), len(kept["decoder"])
-    pruned_cfg = plain({**cfg, "model": args})
-    torch.save({"args": None, "cfg": pruned_cfg, "model": prune_state_dict(state["model"], kept),
-                "optimizer_history": plain(state["optimizer_history"]), "extra_state": {}, "last_optimizer_state": None},
-               out)
+    save_derived_checkpoint(state, args, prune_state_dict(state["model"], kept), out)
     return kept
 
 

@@ -1,9 +1,11 @@
 """What every Transformer variant of the plugin shares: flags from one config dataclass, and a
 build that applies the base preset and validates the flags before fairseq builds the model."""
+from argparse import Namespace
 from dataclasses import fields
 from typing import Dict, List, Optional, Tuple
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
@@ -42,6 +44,8 @@ class WideTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        if isinstance(args, DictConfig):  # a checkpoint whose model config is a plain dict (export_subnet)
+            args = Namespace(**OmegaConf.to_container(args))  # fairseq would keep only TransformerConfig's keys
         cls.base_preset(args)
         cls.validate(args)
         return super().build_model(args, task)

@@ -13,7 +13,7 @@ choose D^i per layer.
 blocks are in :mod:`fairseq_widearch.modules.slimmable`.
 """
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq import utils
 from fairseq.dataclass import ChoiceEnum
@@ -49,16 +49,38 @@ class ScalableTransformerConfig(TransformerConfig):
         default=False, metadata={"help": "no input/output projections (Eqs. 3-5): crop the embedding to its first C "
                                          "columns ('I/O cropping', Table 1)"}
     )
+    exported_width: int = field(
+        default=0, metadata={"help": "C the layers are built at (written by export_subnet for an exported "
+                                     "sub-Transformer); 0: M_max"}
+    )
+    exported_layer_widths: str = field(
+        default="", metadata={"help": "D^i the layers are built at, encoder then decoder layers, comma-separated "
+                                      "(written by export_subnet for a type-2 sub-Transformer); empty: C everywhere"}
+    )
 
 
 _SCALABLE_DEFAULTS = added_defaults(ScalableTransformerConfig)
 
 
+def parse_widths(text: str) -> List[int]:
+    """``'256,320'`` -> ``[256, 320]``."""
+    return [int(w) for w in str(text).split(",")]
+
+
 def width_set(cfg) -> List[int]:
-    """M, ascending."""
+    """M, ascending (as ``--scalable-widths`` must list it)."""
     if cfg.scalable_widths:
-        return sorted(int(w) for w in str(cfg.scalable_widths).split(","))
+        return parse_widths(cfg.scalable_widths)
     return list(range(cfg.encoder_embed_dim // 4, cfg.encoder_embed_dim + 1, HEAD_DIM))
+
+
+def built_widths(cfg) -> Tuple[int, List[int]]:
+    """C and D^1..D^L (encoder then decoder layers) the model is built at: the widest model's
+    (M_max everywhere), or an exported sub-Transformer's."""
+    width = cfg.exported_width or cfg.encoder_embed_dim
+    num_layers = cfg.encoder_layers + cfg.decoder_layers
+    dims = parse_widths(cfg.exported_layer_widths) if cfg.exported_layer_widths else [width] * num_layers
+    return width, dims
 
 
 def crop_linear(prefix: str, linear, out_features: int, in_features: int, full_bias: bool = False) -> Dict[str, Tensor]:
@@ -85,16 +107,16 @@ class ScalableLayer(EncoderLayer):
     """A post-norm (or pre-norm) Transformer layer of slimmable parts, with fairseq's parameter
     names: self-attention, optional cross-attention (decoder), FFN of hidden 4·D (Eq. 2)."""
 
-    def __init__(self, cfg, cross_attention: bool = False):
+    def __init__(self, cfg, width: int, dim: int, cross_attention: bool = False):
+        """``width``: the widest C of the layer; ``dim``: its widest attention width D."""
         super().__init__()
-        width = cfg.encoder_embed_dim
         self.normalize_before = cfg.encoder_normalize_before
-        self.self_attn = SlimmableAttention(width, width, dropout=cfg.attention_dropout)
+        self.self_attn = SlimmableAttention(width, dim, dropout=cfg.attention_dropout)
         self.self_attn_layer_norm = SlimmableLayerNorm(width)
-        self.encoder_attn = SlimmableAttention(width, width, dropout=cfg.attention_dropout,
+        self.encoder_attn = SlimmableAttention(width, dim, dropout=cfg.attention_dropout,
                                                self_attention=False) if cross_attention else None
         self.encoder_attn_layer_norm = SlimmableLayerNorm(width) if cross_attention else None
-        self.fc1, self.fc2 = SlimmableLinear(width, 4 * width), SlimmableLinear(4 * width, width)
+        self.fc1, self.fc2 = SlimmableLinear(width, 4 * dim), SlimmableLinear(4 * dim, width)
         self.final_layer_norm = SlimmableLayerNorm(width)
         self.activation_fn = utils.get_activation_fn(cfg.activation_fn)
         self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
@@ -144,14 +166,21 @@ class ScalableLayer(EncoderLayer):
 
 class WidthSelection:
     """What the encoder and the decoder share: the input projection W'_e (Eq. 3) cropped to the
-    active width C (or the embedding itself cropped), and per-layer widths."""
+    active width C (or the embedding itself cropped), and per-layer widths.
+
+    A stack is built at width C_b with layer widths D_b^i (:func:`built_widths`): the widest
+    model's, or an exported sub-Transformer's. ``self._built_dims`` is set before fairseq's
+    constructor builds the layers, one ``build_*_layer`` call per entry."""
+
+    def build_layer(self, cfg, cross_attention: bool = False):
+        return ScalableLayer(cfg, self.built_width, next(self._built_dims), cross_attention)
 
     def build_width_selection(self, cfg):
-        width = cfg.encoder_embed_dim
-        self.width = width
-        self.input_projection = None if cfg.no_io_projections else SlimmableLinear(width, width)
+        self.width = self.built_width
+        full = cfg.encoder_embed_dim
+        self.input_projection = None if cfg.no_io_projections else SlimmableLinear(full, self.built_width)
         if self.layer_norm is not None:  # pre-norm: the final LayerNorm at width C
-            self.layer_norm = SlimmableLayerNorm(width)
+            self.layer_norm = SlimmableLayerNorm(self.built_width)
 
     def set_widths(self, width: int, layer_widths: Sequence[int]):
         self.width = width
@@ -182,11 +211,13 @@ class ScalableEncoder(WidthSelection, LayerLoopEncoder):
     """Encoder of slimmable layers (width C, attention widths D^1..D^6)."""
 
     def __init__(self, cfg, dictionary, embed_tokens):
+        self.built_width, dims = built_widths(cfg)
+        self._built_dims = iter(dims[: cfg.encoder_layers])
         super().__init__(cfg, dictionary, embed_tokens)
         self.build_width_selection(cfg)
 
     def build_encoder_layer(self, cfg):
-        return ScalableLayer(cfg)
+        return self.build_layer(cfg)
 
     def run_layers(self, x, padding_mask, states, src_tokens):
         x = self.project_in(x)
@@ -203,13 +234,14 @@ class ScalableDecoder(WidthSelection, LayerLoopDecoder):
     fairseq's ``project_out_dim`` slot, applied after the final LayerNorm) before the tied softmax."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
+        self.built_width, dims = built_widths(cfg)
+        self._built_dims = iter(dims[cfg.encoder_layers:])
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.build_width_selection(cfg)
-        width = cfg.decoder_embed_dim
-        self.project_out_dim = None if cfg.no_io_projections else SlimmableLinear(width, width)
+        self.project_out_dim = None if cfg.no_io_projections else SlimmableLinear(self.built_width, self.width_max)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return ScalableLayer(cfg, cross_attention=True)
+        return self.build_layer(cfg, cross_attention=True)
 
     def cropped_state(self) -> Dict[str, Tensor]:
         cropped = super().cropped_state()
@@ -236,16 +268,33 @@ class ScalableDecoder(WidthSelection, LayerLoopDecoder):
         return x, {}
 
 
+def _parsed(flag: str, text: str, parse):
+    try:
+        return parse()
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}")
+
+
 def validate_scalable_config(args):
     """Raise ``ValueError`` naming the flag and value of the first invalid setting."""
     width = args.encoder_embed_dim
     require(width % HEAD_DIM == 0, f"--encoder-embed-dim {width} (M_max) must be a multiple of {HEAD_DIM}")
     require(args.decoder_embed_dim == width,
             f"--decoder-embed-dim {args.decoder_embed_dim} must equal --encoder-embed-dim {width} (one M_max)")
-    widths = width_set(args)
+    widths = _parsed("--scalable-widths", args.scalable_widths, lambda: width_set(args))
     bad = [w for w in widths if w <= 0 or w > width or w % HEAD_DIM]
     require(not bad, f"--scalable-widths {args.scalable_widths!r}: {bad} are not multiples of {HEAD_DIM} in "
                      f"(0, {width}]")
+    require(widths == sorted(set(widths)), f"--scalable-widths {args.scalable_widths!r} must be ascending, no repeats")
+    require(args.exported_width % HEAD_DIM == 0 and args.exported_width <= width,
+            f"--exported-width {args.exported_width} must be a multiple of {HEAD_DIM} in (0, {width}]")
+    dims = _parsed("--exported-layer-widths", args.exported_layer_widths, lambda: built_widths(args)[1])
+    num_layers = args.encoder_layers + args.decoder_layers
+    require(len(dims) == num_layers, f"--exported-layer-widths {args.exported_layer_widths!r} needs {num_layers} "
+                                     f"widths (encoder then decoder layers), got {len(dims)}")
+    require(all(0 < d <= width and d % HEAD_DIM == 0 for d in dims),
+            f"--exported-layer-widths {args.exported_layer_widths!r}: widths must be multiples of {HEAD_DIM} in "
+            f"(0, {width}]")
     if args.width_dropout:
         try:
             width_dropout(args, width)
@@ -268,8 +317,23 @@ class ScalableTransformerModel(WideTransformerModel):
     base_preset = staticmethod(lambda args: scalable_transformer(args))  # registered below
     validate = staticmethod(validate_scalable_config)
 
+    @classmethod
+    def build_model(cls, args, task):
+        model = super().build_model(args, task)
+        model.set_sample_config(*model.widest_config())
+        return model
+
+    def widest_config(self) -> Tuple[int, List[int]]:
+        """C and D^i (encoder then decoder layers) of the widest sub-Transformer this model holds:
+        M_max everywhere, or the exported sub-Transformer's built widths."""
+        return self.encoder.built_width, [layer.self_attn.max_dim for layer in self.all_layers()]
+
+    def all_layers(self) -> List[ScalableLayer]:
+        """Encoder then decoder layers."""
+        return [*self.encoder.layers, *self.decoder.layers]
+
     def set_sample_config(self, width: int, layer_widths: Optional[Sequence[int]] = None):
-        """Activate a sub-Transformer.
+        """Activate a sub-Transformer (Sec. 3.3).
 
         Args:
             width (int): C, a multiple of 64 in (0, M_max]. Type-1: alone (D^i = C everywhere).
@@ -280,13 +344,13 @@ class ScalableTransformerModel(WideTransformerModel):
             ValueError: on a width outside the range or not a multiple of 64, or a wrong number of
                 layer widths.
         """
-        num_layers = len(self.encoder.layers) + len(self.decoder.layers)
-        layer_widths = list(layer_widths) if layer_widths is not None else [width] * num_layers
-        if len(layer_widths) != num_layers:
-            raise ValueError(f"--layer-widths needs {num_layers} widths (encoder then decoder layers), "
+        layers = self.all_layers()
+        layer_widths = list(layer_widths) if layer_widths is not None else [width] * len(layers)
+        if len(layer_widths) != len(layers):
+            raise ValueError(f"--layer-widths needs {len(layers)} widths (encoder then decoder layers), "
                              f"got {len(layer_widths)}")
-        maximum = self.encoder.embed_tokens.embedding_dim
-        for w in [width, *layer_widths]:
+        widest, widest_dims = self.widest_config()
+        for w, maximum in [(width, widest), *zip(layer_widths, widest_dims)]:
             if not 0 < w <= maximum or w % HEAD_DIM:
                 raise ValueError(f"sub-Transformer widths must be multiples of {HEAD_DIM} in (0, {maximum}], got {w}")
         self.encoder.set_widths(width, layer_widths[: len(self.encoder.layers)])

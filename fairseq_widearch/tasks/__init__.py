@@ -1,2 +1,5 @@
 """Tasks."""
-__all__ = []
+from . import scalable_translation
+from .scalable_translation import ScalableTranslationTask
+
+__all__ = ["scalable_translation", "ScalableTranslationTask"]

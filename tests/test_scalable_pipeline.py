@@ -1,0 +1,93 @@
+"""The scalable_transformer workflow on Multi30k through fairseq's CLIs: stage 1 -> stage 2 with
+scalable_translation + scalable_self_distillation, validation per width, and export_subnet (the
+exported model decodes like its parent at that width and has the stats tool's parameter count)."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, fairseq_cli, run, train
+
+STAGE = ["--task", "scalable_translation", "--criterion", "scalable_self_distillation"]
+VALIDATE = ["--validate-interval-updates", "4", "--max-valid-steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def stages(multi30k_bin, tmp_path_factory):
+    """A tiny model after 4 updates of stage 1 and 4 of stage 2 (fresh optimizer, as each paper stage)."""
+    root = tmp_path_factory.mktemp("scalable")
+    first = train(multi30k_bin, root / "stage1", "scalable_transformer_tiny", *STAGE, "--distill-stage", "1",
+                  max_update=4).stdout
+    second = train(multi30k_bin, root / "stage2", "scalable_transformer_tiny", *STAGE, "--distill-stage", "2",
+                   "--restore-file", root / "stage1" / "checkpoint_last.pt", "--reset-optimizer",
+                   "--reset-dataloader", "--reset-meters", "--lambda2-anneal-updates", "2", *VALIDATE,
+                   max_update=4, validate=True).stdout
+    return root, first, second
+
+
+def logged(stdout, key):
+    return [float(v) for v in re.findall(rf"\b{key}[= ]([\d.]+)", stdout)]
+
+
+def test_stages_log_every_term_and_validation_logs_three_widths(stages):
+    _, first, second = stages
+    assert logged(first, "widest_loss") and logged(first, "sub_loss") and not logged(first, "distill_loss")
+    assert logged(second, "distill_loss") and logged(second, "distill_lambda")[:3] == [1.0, 0.75, 0.5]
+    valid = [line for line in second.splitlines() if "valid on 'valid' subset" in line][-1]
+    assert logged(valid, "loss_w64") and logged(valid, "loss_w128")
+    assert logged(valid, "loss")[0] == logged(valid, "loss_w128")[0]  # --eval-width defaults to the widest
+
+
+def export(*args):
+    return subprocess.run([sys.executable, "-m", "fairseq_widearch.cli.export_subnet", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def hypotheses(data, checkpoint, *extra):
+    out = run([fairseq_cli("generate"), data, "--path", checkpoint, "--user-dir", REPO / "fairseq_widearch",
+               "--gen-subset", "valid", "--beam", "4", "--lenpen", "0.6", "--max-len-b", "10", "--cpu",
+               "--batch-size", "64", "--num-shards", "8", "--shard-id", "0", *extra]).stdout
+    return sorted(line for line in out.splitlines() if line.startswith("H-"))
+
+
+@pytest.mark.parametrize("width,layer_widths", [(64, None), (128, "64,128,128,64")])
+def test_exported_sub_transformer_decodes_like_its_parent(stages, multi30k_bin, width, layer_widths):
+    root, _, _ = stages
+    parent, out = root / "stage2" / "checkpoint_last.pt", root / f"export_{width}.pt"
+    proc = export("--checkpoint", parent, "--width", width, "--out", out,
+                  *(["--layer-widths", layer_widths] if layer_widths else []))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    state = torch.load(out)
+    assert state["last_optimizer_state"] is None
+    layer_tensors = {k: v for k, v in state["model"].items() if ".layers." in k}
+    assert max(max(v.shape) for v in layer_tensors.values()) == (4 * 128 if layer_widths else 4 * 64)
+    vocab = state["model"]["encoder.embed_tokens.weight"].size(0)
+    stats = subprocess.run([sys.executable, "-m", "fairseq_widearch.cli.stats", "--arch", "scalable_transformer_tiny",
+                            "--vocab-size", str(vocab), "--eval-width", str(width),
+                            *(["--layer-widths", layer_widths] if layer_widths else [])],
+                           capture_output=True, text=True, check=True)
+    exported_params = {t.data_ptr(): t.numel() for k, t in state["model"].items() if not k.endswith(".version")}
+    assert sum(exported_params.values()) == json.loads(stats.stdout.splitlines()[-1])["params"]
+    assert f"{json.loads(stats.stdout.splitlines()[-1])['params']:,} parameters" in proc.stdout
+    eval_width = layer_widths or str(width)
+    parent_hyps = hypotheses(multi30k_bin, parent, "--task", "scalable_translation", "--eval-width", eval_width)
+    assert len(parent_hyps) > 100 and hypotheses(multi30k_bin, out) == parent_hyps
+
+
+def test_export_errors_name_the_problem(stages, multi30k_bin, tmp_path):
+    root, _, _ = stages
+    proc = export("--checkpoint", root / "stage2" / "checkpoint_last.pt", "--width", "96", "--out", tmp_path / "x.pt")
+    assert proc.returncode != 0 and "--width 96" in proc.stderr and "multiples of 64" in proc.stderr
+    train(multi30k_bin, tmp_path / "transformer", "transformer_tiny", max_update=1)
+    proc = export("--checkpoint", tmp_path / "transformer" / "checkpoint_last.pt", "--width", "64", "--out",
+                  tmp_path / "y.pt")
+    assert proc.returncode != 0 and "holds a 'transformer_tiny' model, not a scalable_transformer" in proc.stderr
+
+
+def test_task_refuses_a_model_without_sub_transformers(multi30k_bin, tmp_path):
+    with pytest.raises(AssertionError) as error:
+        train(multi30k_bin, tmp_path, "transformer_tiny", "--task", "scalable_translation", max_update=1)
+    assert "--task scalable_translation needs a scalable_transformer arch, not 'transformer_tiny'" in str(error.value)
