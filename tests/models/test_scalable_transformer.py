@@ -93,18 +93,21 @@ def test_sub_transformer_parameters_are_the_crops():
     assert model.sub_transformer_num_params() == expected
 
 
-# Table 1 / Table 7 (En-De, shared 32K BPE vocabulary): parameters per width, with and without I/O projections.
-TABLE1_PARAMS = {256: (45, 19), 512: (79, 61), 768: (135, 124), 1024: (209, 209)}
+# Table 7 params, Table 1 params without I/O projections and Table 1 GFLOPs (20 + 20 tokens), En-De,
+# at a 32,768-type shared dictionary.
+PAPER = {256: (46, 19, 5.2), 512: (79, 61, 11.3), 768: (135, 124, 18.2), 1024: (209, 209, 26.02)}
 
 
-@pytest.mark.parametrize("width", sorted(TABLE1_PARAMS))
-def test_stats_per_width_match_table1_within_3_percent(width):
+@pytest.mark.parametrize("width", sorted(PAPER))
+def test_stats_per_width_match_tables_1_and_7_within_3_percent(width):
     from fairseq_widearch.cli.stats import model_stats
-    with_io, without_io = TABLE1_PARAMS[width]
-    ours = model_stats("scalable_transformer", vocab_size=32000, eval_width=width)
-    assert abs(ours["params"] / 1e6 - with_io) / with_io < 0.03, ours
-    cropped = model_stats("scalable_transformer", ["--no-io-projections"], vocab_size=32000, eval_width=width)
-    assert abs(cropped["params"] / 1e6 - without_io) / without_io < 0.03, cropped
+    params, params_no_io, gflops = PAPER[width]
+    ours = model_stats("scalable_transformer", vocab_size=32768, eval_width=width)
+    assert abs(ours["params"] / 1e6 / params - 1) < 0.03, ours
+    assert abs(ours["flops_table1"] / 1e9 / gflops - 1) < 0.03, ours
+    cropped = model_stats("scalable_transformer", ["--no-io-projections"], vocab_size=32768, eval_width=width)
+    assert abs(cropped["params"] / 1e6 / params_no_io - 1) < 0.03, cropped
+    assert cropped["flops_table1"] == ours["flops_table1"]  # the paper's FLOPs ignore the I/O projections
 
 
 def test_width_dependent_dropout_follows_the_sample_config():
