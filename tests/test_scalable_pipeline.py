@@ -91,3 +91,26 @@ def test_task_refuses_a_model_without_sub_transformers(multi30k_bin, tmp_path):
     with pytest.raises(AssertionError) as error:
         train(multi30k_bin, tmp_path, "transformer_tiny", "--task", "scalable_translation", max_update=1)
     assert "--task scalable_translation needs a scalable_transformer arch, not 'transformer_tiny'" in str(error.value)
+
+
+def search(checkpoint, data, *extra):
+    return subprocess.run([sys.executable, "-m", "fairseq_widearch.cli.search_subnets", "--checkpoint", str(checkpoint),
+                           "--data", str(data), "--max-sentences", "40", *extra], capture_output=True, text=True)
+
+
+def test_search_ranks_type2_sub_transformers_under_a_macs_budget(stages, multi30k_bin):
+    checkpoint = stages[0] / "stage2" / "checkpoint_last.pt"
+    proc = search(checkpoint, multi30k_bin, "--num-samples", "15", "--top-k", "15")  # all 2^4 - 1 configurations
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    widest, *everything = json.loads(proc.stdout.splitlines()[-1])
+    assert widest["label"] == "widest" and widest["layer_widths"] == [128] * 4 and len(everything) == 15
+    assert [r["valid_nll"] for r in everything] == sorted(r["valid_nll"] for r in everything)
+    budget = 0.9 * widest["gmacs"]
+    proc = search(checkpoint, multi30k_bin, "--num-samples", "4", "--top-k", "3", "--max-macs", str(budget), "--bleu")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, *top = json.loads(proc.stdout.splitlines()[-1])
+    assert len(top) == 3 and all(r["gmacs"] <= budget and r["params"] < widest["params"] for r in top)
+    assert all(set(r["layer_widths"]) <= {64, 128} for r in top)
+    assert [r["valid_bleu"] for r in top] == sorted((r["valid_bleu"] for r in top), reverse=True)
+    proc = search(checkpoint, multi30k_bin, "--choices", "96")
+    assert proc.returncode != 0 and "--choices '96'" in proc.stderr

@@ -413,3 +413,13 @@ def scalable_transformer_tiny(args):
     set_defaults(args, encoder_embed_dim=128, encoder_ffn_embed_dim=512, encoder_attention_heads=2,
                  decoder_attention_heads=2, encoder_layers=2, decoder_layers=2, scalable_widths="64,128")
     scalable_transformer(args)
+
+
+@register_model_architecture("scalable_transformer", "scalable_transformer_multi30k")
+def scalable_transformer_multi30k(args):
+    """Multi30k on CPU (examples/scalable_transformer/multi30k.sh): M_max = 256, widths 64..256,
+    3 + 3 layers, dropout 0 / 0.1 / 0.2 / 0.3 by width (Appendix B's shape)."""
+    set_defaults(args, encoder_embed_dim=256, encoder_ffn_embed_dim=1024, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_layers=3, decoder_layers=3, scalable_widths="64,128,192,256",
+                 width_dropout="64:0,128:0.1,192:0.2,256:0.3", dropout=0.3)
+    scalable_transformer(args)

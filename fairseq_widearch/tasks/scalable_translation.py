@@ -10,8 +10,9 @@ summary decision 4), the others are random: type-1 draws one width C = D^i from 
 C = M_max and draws each D^i from M. The loss of each sub-Transformer comes from the criterion
 ``scalable_self_distillation`` (Eqs. 6-9).
 
-Validation and generation run the sub-Transformer ``--eval-width`` names; validation also logs
-the loss at the narrowest, a middle and the widest width (``loss_w<width>``).
+Validation and generation run the sub-Transformer ``--eval-width`` names (activated when the
+model is built and before every validation step); validation also logs the loss at the
+narrowest, a middle and the widest width (``loss_w<width>``).
 """
 import contextlib
 import math
@@ -153,11 +154,6 @@ class ScalableTranslationTask(TranslationTask):
         self.eval_sub_transformer(model)
         loss, sample_size, log = super().valid_step(sample, model, criterion)
         return loss, sample_size, {**log, **losses}
-
-    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        for model in models:
-            self.eval_sub_transformer(model)
-        return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
     def reduce_metrics(self, logging_outputs, criterion):
         super().reduce_metrics(logging_outputs, criterion)
