@@ -114,3 +114,25 @@ def test_search_ranks_type2_sub_transformers_under_a_macs_budget(stages, multi30
     assert [r["valid_bleu"] for r in top] == sorted((r["valid_bleu"] for r in top), reverse=True)
     proc = search(checkpoint, multi30k_bin, "--choices", "96")
     assert proc.returncode != 0 and "--choices '96'" in proc.stderr
+
+
+def test_stage3_targets_are_the_widest_models_filtered_beam_outputs(stages, multi30k_bin, tmp_path):
+    root, _, _ = stages
+    out = tmp_path / "distilled"
+    proc = subprocess.run([sys.executable, REPO / "examples" / "scalable_transformer" / "distillation_targets.py",
+                           "--data", multi30k_bin, "--checkpoint", root / "stage2" / "checkpoint_last.pt",
+                           "--out", out, "--max-len", "60"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept, total = map(int, re.search(r"kept (\d+) of (\d+)", proc.stdout).groups())
+    assert total == 1000 and 100 < kept < total  # the barely trained model rambles past 60 tokens on some
+    sources = (out / "text" / "train.en").read_text().splitlines()
+    outputs = (out / "text" / "train.de").read_text().splitlines()
+    assert len(sources) == len(outputs) == kept
+    assert all(len(t.split()) <= 60 and max(len(s.split()) / len(t.split()), len(t.split()) / len(s.split())) <= 20
+               for s, t in zip(sources, outputs))
+    assert (out / "dict.de.txt").read_text() == (multi30k_bin / "dict.de.txt").read_text()
+    assert (out / "valid.en-de.de.bin").resolve() == (multi30k_bin / "valid.en-de.de.bin").resolve()
+    stage3 = train(out, tmp_path / "stage3", "scalable_transformer_tiny", *STAGE, "--distill-stage", "3",
+                   "--restore-file", root / "stage2" / "checkpoint_last.pt", "--reset-optimizer",
+                   "--reset-dataloader", max_update=2).stdout
+    assert logged(stage3, "distill_lambda")[0] == 0.9 and logged(stage3, "distill_loss")

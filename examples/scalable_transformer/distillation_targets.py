@@ -28,6 +28,7 @@ def decode_training_set(args) -> dict:
         [str(a) for a in [BIN / "fairseq-generate", args.data, "--user-dir", PLUGIN, "--path", args.checkpoint, "--gen-subset", "train",
          "--source-lang", args.source_lang, "--target-lang", args.target_lang, "--beam", str(args.beam),
          "--lenpen", str(args.lenpen), "--max-tokens", str(args.max_tokens), "--cpu",
+         "--max-len-a", "0", "--max-len-b", str(args.max_len + 1),  # longer outputs would be dropped anyway
          "--skip-invalid-size-inputs-valid-test"]],  # the model is built at its widest sub-Transformer
         capture_output=True, text=True)
     if proc.returncode:
