@@ -31,10 +31,9 @@ from fairseq_widearch.models.scalable_transformer import width_set
 TIED = {"decoder.output_projection.weight"}
 
 
-def build(model_args: Namespace, state_dict: dict):
-    """The model ``model_args`` describe, on dictionaries of the checkpoint's vocabulary sizes."""
-    task = Namespace(source_dictionary=dummy_dictionary(state_dict["encoder.embed_tokens.weight"].size(0)),
-                     target_dictionary=dummy_dictionary(state_dict["decoder.embed_tokens.weight"].size(0)))
+def build(model_args: Namespace, src_vocab: int, tgt_vocab: int):
+    """The model ``model_args`` describe, on dictionaries of these sizes."""
+    task = Namespace(source_dictionary=dummy_dictionary(src_vocab), target_dictionary=dummy_dictionary(tgt_vocab))
     return ARCH_MODEL_REGISTRY["scalable_transformer"].build_model(Namespace(**vars(model_args)), task)
 
 
@@ -54,6 +53,16 @@ def exported_args(model_args: Namespace, width: int, layer_widths: List[int]) ->
     return args
 
 
+def export_model(parent, model_args: Namespace):
+    """A model built at the dimensions of ``parent``'s active sub-Transformer, holding its
+    cropped tensors (copied, contiguous), and the flags it was built from."""
+    args = exported_args(model_args, parent.encoder.width, [layer.self_attn.active_dim for layer in parent.all_layers()])
+    exported = build(args, parent.encoder.embed_tokens.num_embeddings, parent.decoder.embed_tokens.num_embeddings)
+    missing, unexpected = exported.load_state_dict(parent.sub_transformer_state_dict(), strict=False)
+    assert set(missing) <= TIED and not unexpected, (missing, unexpected)  # same names, same shapes
+    return exported, args
+
+
 def export(checkpoint: str, out: str, width: int, layer_widths: Optional[List[int]] = None):
     """Write the sub-Transformer (``width``, ``layer_widths``) of ``checkpoint`` to ``out``.
 
@@ -67,16 +76,14 @@ def export(checkpoint: str, out: str, width: int, layer_widths: Optional[List[in
     model_args = state["cfg"]["model"]
     if ARCH_MODEL_REGISTRY.get(getattr(model_args, "arch", "")) is not ARCH_MODEL_REGISTRY["scalable_transformer"]:
         sys.exit(f"error: {checkpoint} holds a {getattr(model_args, 'arch', None)!r} model, not a scalable_transformer")
-    parent = build(model_args, state["model"])
-    parent.load_state_dict(state["model"])
+    model = state["model"]
+    parent = build(model_args, model["encoder.embed_tokens.weight"].size(0), model["decoder.embed_tokens.weight"].size(0))
+    parent.load_state_dict(model)
     try:
         parent.set_sample_config(width, layer_widths)
     except ValueError as error:
         sys.exit(f"error: --width {width} / --layer-widths {layer_widths}: {error}")
-    args = exported_args(model_args, width, [layer.self_attn.active_dim for layer in parent.all_layers()])
-    exported = build(args, state["model"])
-    missing, unexpected = exported.load_state_dict(parent.sub_transformer_state_dict(), strict=False)
-    assert set(missing) <= TIED and not unexpected, (missing, unexpected)  # same names, same shapes
+    exported, args = export_model(parent, model_args)
     save_derived_checkpoint(state, args, exported.state_dict(), out)
     return exported.eval(), parent.sub_transformer_num_params()
 
