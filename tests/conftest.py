@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq.models import ARCH_MODEL_REGISTRY
@@ -66,3 +67,25 @@ def train(data, save_dir, arch, *extra, cwd=None, user_dir=None, max_update=3, v
     flags = TRAIN_FLAGS if not validate else [f for f in TRAIN_FLAGS if f != "--disable-validation"]
     return run([fairseq_cli("train"), data, "--user-dir", user_dir or REPO / "fairseq_widearch", "--arch", arch,
                 "--save-dir", save_dir, "--max-update", max_update, *flags, *extra], cwd=cwd)
+
+
+def ddp_train(data, tmp_path, arch, *extra, max_update=3):
+    """Train ``arch`` with 2 CPU data-parallel ranks (gloo, legacy_ddp), each saving its own
+    checkpoint. Returns (the two ranks' final state dicts, their outputs)."""
+    port = 29500 + (abs(hash((arch, *map(str, extra)))) % 1000)
+    procs = []
+    for rank in range(2):
+        (tmp_path / f"rank{rank}").mkdir()  # fairseq creates the save dir on the master only
+        cmd = [sys.executable, REPO / "tests" / "helpers" / "ddp_worker.py", data,
+               "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", tmp_path / f"rank{rank}",
+               "--max-update", max_update, "--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001",
+               "--max-tokens", "512", "--seed", "1", "--disable-validation", "--no-epoch-checkpoints",
+               "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo", "--distributed-world-size", "2",
+               "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-rank", str(rank),
+               "--distributed-no-spawn", "--device-id", "0", *extra]
+        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    return [torch.load(tmp_path / f"rank{r}" / "checkpoint_last.pt")["model"] for r in range(2)], outs

@@ -1,13 +1,11 @@
 """Conformance suite: every architecture the plugin registers, through its `_tiny` preset."""
-import subprocess
-import sys
 
 import pytest
 import torch
 from fairseq import checkpoint_utils
 
 from fairseq_widearch.model_builder import build_model
-from conftest import REPO, TINY_ARCHS, fairseq_cli, run, train
+from conftest import REPO, TINY_ARCHS, ddp_train, fairseq_cli, run, train
 
 VOCAB = 40
 PAD = 1
@@ -124,23 +122,7 @@ def test_train_then_generate_on_real_data(arch, multi30k_bin, tmp_path):
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_two_rank_data_parallel_ends_with_identical_parameters(arch, multi30k_bin, tmp_path):
-    port = 29500 + (abs(hash(arch)) % 1000)
-    procs = []
-    for rank in range(2):
-        (tmp_path / f"rank{rank}").mkdir()  # fairseq creates the save dir on the master only
-        cmd = [sys.executable, REPO / "tests" / "helpers" / "ddp_worker.py", multi30k_bin,
-               "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", tmp_path / f"rank{rank}",
-               "--max-update", "3", "--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001",
-               "--max-tokens", "512", "--seed", "1", "--disable-validation", "--no-epoch-checkpoints",
-               "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo", "--distributed-world-size", "2",
-               "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-rank", str(rank),
-               "--distributed-no-spawn", "--device-id", "0"]
-        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-4000:]
-    states = [torch.load(tmp_path / f"rank{r}" / "checkpoint_last.pt")["model"] for r in range(2)]
+    states, outs = ddp_train(multi30k_bin, tmp_path, arch)
     assert states[0].keys() == states[1].keys()
     for name in states[0]:
         assert torch.equal(states[0][name], states[1][name]), f"{name} differs between ranks"

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, fairseq_cli, run, train
+from conftest import REPO, ddp_train, fairseq_cli, run, train
 
 STAGE = ["--task", "scalable_translation", "--criterion", "scalable_self_distillation"]
 VALIDATE = ["--validate-interval-updates", "4", "--max-valid-steps", "2"]
@@ -136,3 +136,12 @@ def test_stage3_targets_are_the_widest_models_filtered_beam_outputs(stages, mult
                    "--restore-file", root / "stage2" / "checkpoint_last.pt", "--reset-optimizer",
                    "--reset-dataloader", max_update=2).stdout
     assert logged(stage3, "distill_lambda")[0] == 0.9 and logged(stage3, "distill_loss")
+
+
+def test_two_rank_data_parallel_distillation_ends_with_identical_parameters(multi30k_bin, tmp_path):
+    """Three forward/backward passes per update, all but the last without gradient synchronisation."""
+    states, outs = ddp_train(multi30k_bin, tmp_path, "scalable_transformer_tiny", *STAGE, "--distill-stage", "2",
+                             "--lambda2-anneal-updates", "2", "--label-smoothing", "0.1")
+    for name in states[0]:
+        assert torch.equal(states[0][name], states[1][name]), f"{name} differs between ranks"
+    assert logged(outs[0], "distill_loss")

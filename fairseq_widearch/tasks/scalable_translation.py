@@ -78,8 +78,9 @@ class ScalableTranslationTask(TranslationTask):
     """Translation over the sub-Transformers of a scalable model (module docstring).
 
     Raises:
-        ValueError: if the model has no sub-Transformers, ``--num-sub-transformers`` is negative, or
-            ``--eval-width`` is not a sub-Transformer of the model (message names the flag).
+        ValueError: if the model has no sub-Transformers, ``--num-sub-transformers`` is negative,
+            ``--eval-width`` is not a sub-Transformer of the model (message names the flag), or
+            training runs with another criterion than ``scalable_self_distillation``.
     """
 
     cfg: ScalableTranslationConfig
@@ -115,6 +116,10 @@ class ScalableTranslationTask(TranslationTask):
         return [(widest, dims), *drawn]
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        if not hasattr(criterion, "sub_transformer_loss"):
+            raise ValueError("--task scalable_translation trains with --criterion scalable_self_distillation (its "
+                             f"--distill-stage 1 is label-smoothed CE for every sub-Transformer), not "
+                             f"{type(criterion).__name__}")
         model.train()
         model.set_num_updates(update_num)
         configs = self.sub_transformers(model, update_num)

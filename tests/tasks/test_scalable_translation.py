@@ -126,3 +126,11 @@ def test_eval_width_and_bad_values_name_the_flag():
                            ("x", "invalid literal")]:
         with pytest.raises(ValueError, match=f"--eval-width '{value}': .*{message}"):
             make_task(eval_width=value).eval_sub_transformer(model)
+
+
+def test_training_with_another_criterion_fails_naming_the_flag():
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+    model = build_model("scalable_transformer_tiny", vocab_size=VOCAB)
+    task = make_task()
+    with pytest.raises(ValueError, match="--criterion scalable_self_distillation .* not LabelSmoothedCrossEntropy"):
+        task.train_step(make_sample(), model, LabelSmoothedCrossEntropyCriterion(task, False, 0.1), BackwardCounter(), 0)
