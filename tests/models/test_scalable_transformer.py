@@ -69,9 +69,17 @@ def test_io_cropping_variant_runs_at_a_narrow_width():
         assert model(*batch())[0].shape == (3, 6, VOCAB)
 
 
-def test_invalid_width_set_fails_at_build_naming_the_flag():
-    with pytest.raises(ValueError, match="--scalable-widths '64,100': \\[100\\]"):
-        build_model("scalable_transformer_tiny", ["--scalable-widths", "64,100"], vocab_size=VOCAB)
+@pytest.mark.parametrize("argv,message", [
+    (["--scalable-widths", "64,100"], "--scalable-widths '64,100': \\[100\\] are not multiples of 64"),
+    (["--scalable-widths", "128,64"], "--scalable-widths '128,64' must be ascending"),
+    (["--scalable-widths", "64,256"], "--scalable-widths '64,256': \\[256\\] are not multiples of 64 in \\(0, 128\\]"),
+    (["--scalable-widths", "64,x"], "--scalable-widths must be comma-separated integers, got '64,x'"),
+    (["--exported-width", "192"], "--exported-width 192 must be a multiple of 64 in \\(0, 128\\]"),
+    (["--exported-layer-widths", "64,64"], "--exported-layer-widths '64,64' needs 4 widths"),
+])
+def test_invalid_width_flags_fail_at_build_naming_the_flag(argv, message):
+    with pytest.raises(ValueError, match=message):
+        build_model("scalable_transformer_tiny", argv, vocab_size=VOCAB)
 
 
 def test_sub_transformer_parameters_are_the_crops():
