@@ -4,9 +4,10 @@ Importing this package (``--user-dir fairseq_widearch``) registers every model, 
 preset, criterion and task, and lets torch >= 2.6 load fairseq checkpoints safely
 (:mod:`fairseq_widearch.checkpoint_loading`).
 """
-from .checkpoint_loading import allow_fairseq_checkpoint_globals
+from .checkpoint_loading import allow_fairseq_checkpoint_globals, name_unreadable_checkpoints
 
 allow_fairseq_checkpoint_globals()
+name_unreadable_checkpoints()
 
 from . import criterions, models, modules, tasks  # noqa: E402  (registration)
 

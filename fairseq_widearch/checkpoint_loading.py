@@ -10,7 +10,10 @@ still refused with torch's ``UnpicklingError``.
 """
 import argparse
 import collections
+import functools
+import pickle
 import typing
+import zipfile
 
 import torch
 from omegaconf import DictConfig, ListConfig
@@ -51,6 +54,34 @@ def allow_fairseq_checkpoint_globals():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:
         add(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+class CheckpointReadError(RuntimeError):
+    """A checkpoint file that cannot be read (truncated, corrupted, not a checkpoint)."""
+
+
+def name_unreadable_checkpoints():
+    """Make fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` (used by resume, generate,
+    interactive and the hub interface) raise :class:`CheckpointReadError` naming the file when it
+    cannot be read, instead of torch's zip or pickle error. Idempotent."""
+    from fairseq import checkpoint_utils
+
+    load = checkpoint_utils.load_checkpoint_to_cpu
+    if getattr(load, "names_unreadable_checkpoints", False):
+        return
+
+    @functools.wraps(load)
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        try:
+            return load(path, *args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else "unexpected end of file"
+            raise CheckpointReadError(f"cannot read checkpoint {path} (truncated or corrupted?): {reason}") from None
+
+    load_checkpoint_to_cpu.names_unreadable_checkpoints = True
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
 
 def plain_config(value):

@@ -10,6 +10,7 @@
 # 1. stage 1 (Eq. 6) from scratch; 2. stage 2 (Eq. 7, λ2 annealed over --anneal-updates);
 # 3. the stage-2 model decodes the training set (beam 4, lenpen 0.6) and stage 3 (Eq. 9, λ3 0.9)
 #    trains on its outputs. Every stage restarts Adam and the warm-up from 5e-4 (Appendix A).
+#    --minutes gives each stage's training minutes; running the script again resumes.
 # 4. every width is scored on test_2016 with beam 4, lenpen 0.6 (sacreBLEU); widths 64 and 128
 #    of the final model are exported with export_subnet and scored again.
 # Scores go to $WORK/scalable/bleu.jsonl.
@@ -43,10 +44,10 @@ mkdir -p "$OUT"
 SCORES="$OUT/bleu.jsonl"
 WIDTHS=64,128,192,256
 
-train_stage() {  # stage minutes data save-dir [extra flags]
+train_stage() {  # stage cumulative-minutes data save-dir [extra flags]
   local stage=$1 minutes=$2 data=$3 save=$4
   shift 4
-  echo "| stage $stage: $minutes minutes -> $save"
+  echo "| stage $stage: until $minutes minutes of training in all stages -> $save"
   "$VENV/bin/fairseq-train" "$data" --user-dir "$ROOT/fairseq_widearch" --arch scalable_transformer_multi30k \
     --task scalable_translation --criterion scalable_self_distillation --distill-stage "$stage" \
     --label-smoothing 0.1 --cpu --num-workers 0 --seed 1 \
@@ -61,19 +62,25 @@ score() {  # label checkpoint widths
     --widths "$3" --bpe-codes "$WORK/data/bpe/codes" --ref "$WORK/data/test.ref.de" --label "$1" --json "$SCORES"
 }
 
-CONTINUE=(--reset-optimizer --reset-lr-scheduler --reset-dataloader --reset-meters)
-train_stage 1 "${MINUTES[0]}" "$WORK/data/bin" "$OUT/stage1"
+# fairseq's --stop-time-hours counts the training time of the checkpoint a run starts from, so the
+# stages stop at cumulative times. --finetune-from-model starts a stage from the previous one with a
+# fresh optimizer, schedule and data iterator, and lets an interrupted stage resume from its own
+# checkpoint_last.pt when the command is run again.
+STOP1=${MINUTES[0]}
+STOP2=$((STOP1 + MINUTES[1]))
+STOP3=$((STOP2 + MINUTES[2]))
+train_stage 1 "$STOP1" "$WORK/data/bin" "$OUT/stage1"
 score "stage 1" "$OUT/stage1/checkpoint_last.pt" "$WIDTHS"
 
-train_stage 2 "${MINUTES[1]}" "$WORK/data/bin" "$OUT/stage2" --lambda2-anneal-updates "$ANNEAL" \
-  --restore-file "$OUT/stage1/checkpoint_last.pt" "${CONTINUE[@]}"
+train_stage 2 "$STOP2" "$WORK/data/bin" "$OUT/stage2" --lambda2-anneal-updates "$ANNEAL" \
+  --finetune-from-model "$OUT/stage1/checkpoint_last.pt"
 score "stage 1+2" "$OUT/stage2/checkpoint_last.pt" "$WIDTHS"
 
 echo "| stage-3 targets: the stage-2 model decodes the training set"
-"$PY" "$ROOT/examples/scalable_transformer/distillation_targets.py" --data "$WORK/data/bin" \
-  --checkpoint "$OUT/stage2/checkpoint_last.pt" --out "$OUT/distilled"
-train_stage 3 "${MINUTES[2]}" "$OUT/distilled" "$OUT/stage3" --lambda3 0.9 \
-  --restore-file "$OUT/stage2/checkpoint_last.pt" "${CONTINUE[@]}"
+[ -e "$OUT/distilled/train.en-de.de.bin" ] || "$PY" "$ROOT/examples/scalable_transformer/distillation_targets.py" \
+  --data "$WORK/data/bin" --checkpoint "$OUT/stage2/checkpoint_last.pt" --out "$OUT/distilled"
+train_stage 3 "$STOP3" "$OUT/distilled" "$OUT/stage3" --lambda3 0.9 \
+  --finetune-from-model "$OUT/stage2/checkpoint_last.pt"
 score "stage 1+2+3" "$OUT/stage3/checkpoint_last.pt" "$WIDTHS"
 
 for width in 64 128; do

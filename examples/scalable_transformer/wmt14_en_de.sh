@@ -13,14 +13,15 @@
 # updates, then lr = lr_max·sqrt(4000/update) (Eq. 10); Adam (0.9, 0.98), eps 1e-8, label
 # smoothing 0.1, no weight decay; 8 GPUs x 3,584 tokens x update frequency 16 (458,752 tokens per
 # update). Dropout follows the width (the preset's table). Evaluation: the last 10 epoch
-# checkpoints averaged, every width decoded with beam 4, lenpen 0.6.
+# checkpoints averaged, every width decoded with beam 4, lenpen 0.6. Each stage starts from the
+# previous one with --finetune-from-model (fresh optimizer, schedule and data iterator; an
+# interrupted stage resumes from its own checkpoint when the script is run again).
 set -euo pipefail
 DATA="$1"; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 ARCH="${ARCH:-scalable_transformer_wmt_en_de}"
 SAVE="${SAVE:-checkpoints/$ARCH}"
 UPDATES_PER_EPOCH="${UPDATES_PER_EPOCH:-9800}"  # ~4.5M pairs / 458,752 tokens per update; adjust to your data
-CONTINUE=(--reset-optimizer --reset-lr-scheduler --reset-dataloader --reset-meters)
 
 stage() {  # stage epochs lr data save-dir [extra flags]
   local s=$1 epochs=$2 lr=$3 data=$4 save=$5
@@ -35,11 +36,11 @@ stage() {  # stage epochs lr data save-dir [extra flags]
 
 stage 1 60 0.007 "$DATA" "$SAVE/stage1" "$@"
 stage 2 60 0.007 "$DATA" "$SAVE/stage2" --lambda2-anneal-updates $((UPDATES_PER_EPOCH * 20)) \
-  --restore-file "$SAVE/stage1/checkpoint_last.pt" "${CONTINUE[@]}" "$@"
+  --finetune-from-model "$SAVE/stage1/checkpoint_last.pt" "$@"
 python "$ROOT/examples/scalable_transformer/distillation_targets.py" --data "$DATA" \
   --checkpoint "$SAVE/stage2/checkpoint_last.pt" --out "$SAVE/distilled" --max-tokens 16384
 stage 3 30 0.004 "$SAVE/distilled" "$SAVE/stage3" --lambda3 0.9 \
-  --restore-file "$SAVE/stage2/checkpoint_last.pt" "${CONTINUE[@]}" "$@"
+  --finetune-from-model "$SAVE/stage2/checkpoint_last.pt" "$@"
 
 python -m fairseq_widearch.cli.average_checkpoints --out "$SAVE/stage3/checkpoint_avg10.pt" \
   --inputs $(for epoch in $(seq 21 30); do echo "$SAVE/stage3/checkpoint$epoch.pt"; done)
