@@ -63,7 +63,8 @@ class CheckpointReadError(RuntimeError):
 def name_unreadable_checkpoints():
     """Make fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` (used by resume, generate,
     interactive and the hub interface) raise :class:`CheckpointReadError` naming the file when it
-    cannot be read, instead of torch's zip or pickle error. Idempotent."""
+    cannot be read, instead of torch's zip or pickle error. A class refused by weights-only
+    loading keeps torch's own error, which names the class. Idempotent."""
     from fairseq import checkpoint_utils
 
     load = checkpoint_utils.load_checkpoint_to_cpu
@@ -77,6 +78,8 @@ def name_unreadable_checkpoints():
         except FileNotFoundError:
             raise
         except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+            if "GLOBAL" in str(error):  # a class refused by weights-only loading: torch names it
+                raise
             reason = str(error).strip().splitlines()[0] if str(error).strip() else "unexpected end of file"
             raise CheckpointReadError(f"cannot read checkpoint {path} (truncated or corrupted?): {reason}") from None
 
