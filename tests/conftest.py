@@ -1,5 +1,4 @@
 """Shared fixtures: tiny real data (a slice of Multi30k) and CLI runners."""
-import os
 import subprocess
 import sys
 from pathlib import Path

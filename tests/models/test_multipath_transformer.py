@@ -14,7 +14,7 @@ from fairseq_widearch.cli.stats import model_stats
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.models.multipath_transformer import MultiPathDecoderLayer, MultiPathEncoderLayer
 from fairseq_widearch.modules import MultiPathAttention, MultiPathFFN, PathFusion, PathNorm
-from conftest import REPO, fairseq_cli, run, train
+from conftest import REPO, fairseq_cli, train
 
 D, H, FFN = 16, 4, 24
 
