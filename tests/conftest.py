@@ -18,10 +18,10 @@ TINY_ARCHS = sorted(name for name, cls in ARCH_MODEL_REGISTRY.items()
                     if cls in PLUGIN_MODELS and name.endswith("_tiny"))
 
 
-def run(cmd, cwd=None, env=None, timeout=600):
-    """Run a command; on failure raise with its output so pytest shows why."""
+def run(cmd, cwd=None, env=None, timeout=600, input=None):
+    """Run a command (``input``: text for its stdin); on failure raise with its output so pytest shows why."""
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, input=input)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
                              f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
@@ -66,6 +66,21 @@ def train(data, save_dir, arch, *extra, cwd=None, user_dir=None, max_update=3, v
     flags = TRAIN_FLAGS if not validate else [f for f in TRAIN_FLAGS if f != "--disable-validation"]
     return run([fairseq_cli("train"), data, "--user-dir", user_dir or REPO / "fairseq_widearch", "--arch", arch,
                 "--save-dir", save_dir, "--max-update", max_update, *flags, *extra], cwd=cwd)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, multi30k_bin):
+    """``arch -> directory`` holding ``checkpoint_last.pt`` of 2 updates on ``multi30k_bin``,
+    trained once per session and shared by the tests that only need some trained model."""
+    trained = {}
+
+    def get(arch):
+        if arch not in trained:
+            trained[arch] = tmp_path_factory.mktemp(arch)
+            train(multi30k_bin, trained[arch], arch, max_update=2)
+        return trained[arch]
+
+    return get
 
 
 def ddp_train(data, tmp_path, arch, *extra, max_update=3):

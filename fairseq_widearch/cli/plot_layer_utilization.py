@@ -20,6 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
+from fairseq_widearch.cli.plotting import num_updates, pyplot
 
 STACKS = ("encoder", "decoder")
 
@@ -43,7 +44,7 @@ def read_utilization(files: Sequence[Path]) -> Tuple[List[int], Dict[str, torch.
                   if f"{s}.layer_select.logits" in state["model"]}
         if not logits:
             sys.exit(f"error: {f} holds no latent layers (not a latent_depth_transformer checkpoint)")
-        by_update[state["optimizer_history"][-1]["num_updates"]] = {s: torch.sigmoid(v.float()) for s, v in logits.items()}
+        by_update[num_updates(state)] = {s: torch.sigmoid(v.float()) for s, v in logits.items()}
         pairs = getattr(state["cfg"]["model"], "latent_lang_pairs", "").split(",")
     updates = sorted(by_update)
     stacks = {s: torch.stack([by_update[u][s] for u in updates]) for s in by_update[updates[-1]]}
@@ -51,13 +52,7 @@ def read_utilization(files: Sequence[Path]) -> Tuple[List[int], Dict[str, torch.
 
 
 def plot(updates: List[int], stacks: Dict[str, torch.Tensor], pairs: List[str], out: str):
-    try:
-        import matplotlib
-    except ImportError:
-        sys.exit("error: plotting needs matplotlib: pip install fairseq-widearch[plots]")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(len(stacks), len(pairs), squeeze=False, sharex=True, constrained_layout=True,
                              figsize=(3.2 * len(pairs) + 1.2, 2.6 * len(stacks) + 0.6))
     for row, (stack, u) in enumerate(stacks.items()):

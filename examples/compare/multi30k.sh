@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The comparison of docs/results.md: the stock pre-norm Transformer and the five wide architectures
+# on Multi30k En->De, each trained for the same CPU wall-clock budget with the same seed, decoded
+# with the same beam; table of params, MACs, training tokens/s, utilisation, decoding speed and
+# sacreBLEU, and the BLEU-vs-MACs figure.
+#
+#   bash examples/compare/multi30k.sh [--minutes 10] [--work-dir DIR] [--data-dir DIR]
+#                                     [--figure PNG] [--systems a,b,...]
+#
+# About 6 × (budget + 1-3 minutes of decoding). Running it again skips finished systems and
+# resumes an interrupted training.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DATA_DIR="${MULTI30K_DIR:-}"
+WORK="$ROOT/runs/multi30k"
+VENV="${VENV:-$ROOT/.venv}"
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --data-dir) DATA_DIR="$2"; shift 2 ;;
+    --work-dir) WORK="$2"; shift 2 ;;
+    --minutes|--figure|--systems) ARGS+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+VENV="$VENV" bash "$ROOT/examples/setup_venv.sh"
+PY="$VENV/bin/python"
+"$PY" "$ROOT/examples/multi30k/prepare.py" --work-dir "$WORK/data" ${DATA_DIR:+--data-dir "$DATA_DIR"}
+export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-1000000000}"  # docs/benchmarks.md
+export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-1000000000}"
+
+"$PY" "$ROOT/examples/compare/compare.py" --data "$WORK/data/bin" --bpe-codes "$WORK/data/bpe/codes" \
+  --ref "$WORK/data/test.ref.de" --work-dir "$WORK/compare" "${ARGS[@]}"

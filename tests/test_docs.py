@@ -1,0 +1,42 @@
+"""The documentation covers every flag the plugin adds and every figure it shows."""
+import dataclasses
+import re
+
+import pytest
+from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
+from fairseq.dataclass import FairseqDataclass
+from fairseq.models import MODEL_REGISTRY
+from fairseq.models.transformer import TransformerConfig
+from fairseq.tasks import TASK_DATACLASS_REGISTRY
+from fairseq.tasks.translation import TranslationConfig
+
+from conftest import PLUGIN_MODELS, REPO
+
+DOCS = REPO / "docs"
+INHERITED = {f.name for base in (TransformerConfig, TranslationConfig, FairseqDataclass)
+             for f in dataclasses.fields(base)} | {"label_smoothing", "report_accuracy", "ignore_prefix_size",
+                                                  "sentence_avg", "seed"}
+
+
+def flags(config) -> list:
+    return ["--" + f.name.replace("_", "-") for f in dataclasses.fields(config) if f.name not in INHERITED]
+
+
+@pytest.mark.parametrize("model", sorted(m.__name__ for m in PLUGIN_MODELS))
+def test_every_model_flag_is_on_its_architecture_page(model):
+    name, cls = next((n, c) for n, c in MODEL_REGISTRY.items() if c.__name__ == model)
+    page = (DOCS / f"{name}.md").read_text()
+    assert [f for f in flags(cls.config) if f not in page] == []
+
+
+def test_every_criterion_and_task_flag_is_documented():
+    plugin = [c for registry in (CRITERION_DATACLASS_REGISTRY, TASK_DATACLASS_REGISTRY) for c in registry.values()
+              if c.__module__.startswith("fairseq_widearch")]
+    docs = "".join(p.read_text() for p in DOCS.glob("*.md"))
+    assert plugin and [f for c in plugin for f in flags(c) if f not in docs] == []
+
+
+def test_every_linked_page_and_image_exists():
+    for page in DOCS.glob("*.md"):
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
