@@ -113,6 +113,11 @@ def training_tokens_per_s(*logs: str) -> float:
     return tokens / seconds
 
 
+def training_updates(*logs: str) -> int:
+    """Updates over one or more fairseq-train logs (each stage counts from 0)."""
+    return sum(int(re.findall(r"\| num_updates (\d+)", log)[-1]) for log in logs)
+
+
 class _Backward:
     """The one optimizer method a task's ``train_step`` calls."""
 
@@ -193,7 +198,7 @@ def run_system(args, name: str, peak: float) -> list:
     checkpoint = args.work_dir / name / "checkpoint_last.pt"
     tokens_per_s = training_tokens_per_s(*logs)
     flops_per_token = training_flops_per_token(checkpoint, args.data)
-    training = {"minutes": args.minutes, "train_tokens_per_s": round(tokens_per_s, 1),
+    training = {"minutes": args.minutes, "updates": training_updates(*logs), "train_tokens_per_s": round(tokens_per_s, 1),
                 "train_flops_per_token": round(flops_per_token), "matmul_peak_gflops": round(peak / 1e9, 1),
                 "utilisation": round(flops_per_token * tokens_per_s / peak, 4)}
     widths = SCALABLE_WIDTHS if name == "scalable_transformer" else (0,)
@@ -207,9 +212,10 @@ def run_system(args, name: str, peak: float) -> list:
 
 
 def table(rows) -> str:
-    head = ("| system | params | MACs (20+20) | train tokens/s | utilisation | decode sent/s | BLEU |\n"
-            "|---|---|---|---|---|---|---|")
-    lines = [f"| {r['system']} | {r['params'] / 1e6:.2f}M | {r['macs'] / 1e6:.1f}M | {r['train_tokens_per_s']:,.0f} | "
+    head = ("| system | params | MACs (20+20) | updates | train tokens/s | utilisation | decode sent/s | BLEU |\n"
+            "|---|---|---|---|---|---|---|---|")
+    lines = [f"| {r['system']} | {r['params'] / 1e6:.2f}M | {r['macs'] / 1e6:.1f}M | {r['updates']} | "
+             f"{r['train_tokens_per_s']:,.0f} | "
              f"{100 * r['utilisation']:.1f}% | {r['decode_sentences_per_s']:.1f} | {r['bleu']:.2f} |" for r in rows]
     return "\n".join([head, *lines])
 
@@ -222,15 +228,14 @@ def plot(rows, path: Path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     scalable = sorted((r for r in rows if r["width"]), key=lambda r: r["macs"])
-    for r in rows:
-        if not r["width"]:
-            ax.scatter(r["macs"] / 1e6, r["bleu"], s=40)
-            ax.annotate(r["system"], (r["macs"] / 1e6, r["bleu"]), textcoords="offset points", xytext=(5, 4),
-                        fontsize=8)
+    for i, r in enumerate(r for r in rows if not r["width"]):
+        ax.scatter(r["macs"] / 1e6, r["bleu"], s=40)
+        ax.annotate(r["system"], (r["macs"] / 1e6, r["bleu"]), textcoords="offset points", fontsize=8,
+                    xytext=(6, 4 if i % 2 == 0 else -11))  # alternate above/below: close points stay readable
     if scalable:
         ax.plot([r["macs"] / 1e6 for r in scalable], [r["bleu"] for r in scalable], "k--o", ms=4,
                 label="scalable_transformer, widths " + "/".join(str(r["width"]) for r in scalable))
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="center right")
     ax.set_xlabel("MACs per 20+20-token sentence pair (millions)")
     ax.set_ylabel("sacreBLEU, Multi30k test_2016 En→De")
     ax.set_title(f"Same CPU budget ({rows[0]['minutes']:g} min), seed and beam")
