@@ -28,10 +28,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-VENV="$VENV" bash "$ROOT/examples/setup_venv.sh"
-PY="$VENV/bin/python"
-"$PY" "$ROOT/examples/multi30k/prepare.py" --work-dir "$WORK/data" --tgt de,fr,cs
-export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-1000000000}" MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-1000000000}"
+source "$ROOT/examples/multi30k/setup.sh" --tgt de,fr,cs
 
 PAIRS=(--lang-pairs en-de,en-fr,en-cs --encoder-langtok tgt --decoder-langtok)
 COMMON=(--cpu --num-workers 0 --seed 1 --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.003

@@ -31,15 +31,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-VENV="$VENV" bash "$ROOT/examples/setup_venv.sh"
-PY="$VENV/bin/python"
-
-"$PY" "$ROOT/examples/multi30k/prepare.py" --work-dir "$WORK/data" ${DATA_DIR:+--data-dir "$DATA_DIR"}
-
-# Keep freed memory in the process instead of returning it to the OS after every large tensor:
-# ~10% faster CPU training here (docs/benchmarks.md).
-export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-1000000000}"
-export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-1000000000}"
+source "$ROOT/examples/multi30k/setup.sh"
 
 SAVE="$WORK/checkpoints/$ARCH"
 mkdir -p "$SAVE"

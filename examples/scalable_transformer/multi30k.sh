@@ -33,11 +33,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-VENV="$VENV" bash "$ROOT/examples/setup_venv.sh"
-PY="$VENV/bin/python"
-"$PY" "$ROOT/examples/multi30k/prepare.py" --work-dir "$WORK/data" ${DATA_DIR:+--data-dir "$DATA_DIR"}
-export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-1000000000}"  # docs/benchmarks.md
-export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-1000000000}"
+source "$ROOT/examples/multi30k/setup.sh"
 
 OUT="$WORK/scalable"
 mkdir -p "$OUT"
