@@ -22,7 +22,6 @@ training resumes), then printed as a markdown table and drawn as BLEU against MA
 """
 import argparse
 import json
-import logging
 import re
 import subprocess
 import sys
@@ -34,11 +33,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import fairseq_widearch  # noqa: F401  (registers the architectures, allows loading their checkpoints)
+from fairseq_widearch.cli.plotting import pyplot
 from fairseq_widearch.cli.stats import count_macs, param_counts, sub_transformer_param_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "multi30k"))
-from score import read_hypotheses  # noqa: E402  (the quick start's reader of fairseq-generate output)
+from score import corpus_bleu, generate  # noqa: E402  (the quick start's decoding and scoring)
 
 COMMON = ["--cpu", "--num-workers", "0", "--seed", "1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
           "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "300", "--label-smoothing", "0.1",
@@ -156,20 +156,12 @@ def model_size(checkpoint: Path, data: str, width: int = 0) -> dict:
 
 def decode(args, checkpoint: Path, out: Path, width: int = 0) -> dict:
     """Decode test_2016 with fairseq-generate; sentences/s (its own timing) and sacreBLEU."""
-    from sacrebleu.metrics import BLEU
-    task = ["--task", "scalable_translation", "--eval-width", str(width)] if width else []
-    cmd = [Path(sys.executable).parent / "fairseq-generate", args.data, "--user-dir", ROOT / "fairseq_widearch",
-           "--path", checkpoint, "--gen-subset", "test", "--cpu", "--beam", args.beam, "--lenpen", args.lenpen,
-           "--batch-size", "128", "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", args.bpe_codes,
-           "--source-lang", "en", "--target-lang", "de", *task]
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, check=True)
-    out.write_text(result.stdout)
-    speed = re.search(r"Translated .* \(([\d.]+) sentences/s", result.stdout + result.stderr)
-    refs = Path(args.ref).read_text(encoding="utf-8").splitlines()
-    bleu = BLEU()
-    score = bleu.corpus_score(read_hypotheses(out), [refs])
+    task = ["--task", "scalable_translation", "--eval-width", width] if width else []
+    log = generate(args.data, checkpoint, out, args.bpe_codes, args.beam, args.lenpen, *task)
+    speed = re.search(r"Translated .* \(([\d.]+) sentences/s", log)
+    score, signature = corpus_bleu(out, args.ref)
     return {"decode_sentences_per_s": float(speed.group(1)), "bleu": round(score.score, 2),
-            "bleu_signature": str(bleu.get_signature())}
+            "bleu_signature": str(signature)}
 
 
 def train(args, flags, save: Path, minutes: float, *extra) -> str:
@@ -183,6 +175,7 @@ def train(args, flags, save: Path, minutes: float, *extra) -> str:
 
 
 def train_system(args, name: str) -> list:
+    """Train one system for ``--minutes`` (the scalable model in two stages); returns its logs."""
     save = args.work_dir / name
     if name != "scalable_transformer":
         return [train(args, SYSTEMS[name], save, args.minutes)]
@@ -194,6 +187,7 @@ def train_system(args, name: str) -> list:
 
 
 def run_system(args, name: str, peak: float) -> list:
+    """Train, measure and decode one system: one result row, or one per width of the scalable model."""
     logs = train_system(args, name)
     checkpoint = args.work_dir / name / "checkpoint_last.pt"
     tokens_per_s = training_tokens_per_s(*logs)
@@ -222,10 +216,7 @@ def table(rows) -> str:
 
 def plot(rows, path: Path):
     """BLEU against MACs: one point per system, the scalable model's widths joined as a curve."""
-    import matplotlib
-    matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's loader sets the root logger to DEBUG
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     scalable = sorted((r for r in rows if r["width"]), key=lambda r: r["macs"])
     for i, r in enumerate(r for r in rows if not r["width"]):

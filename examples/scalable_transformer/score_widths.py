@@ -10,25 +10,19 @@ exported with ``export_subnet`` is scored with ``--widths exported``.
 """
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-from sacrebleu.metrics import BLEU
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "multi30k"))
-from score import read_hypotheses  # noqa: E402  (the quick start's reader of fairseq-generate output)
+from score import corpus_bleu, generate  # noqa: E402  (the quick start's decoding and scoring)
 
 
 def translate(args, width: str, out: Path):
     task = [] if width == "exported" else ["--task", "scalable_translation", "--eval-width", width]
-    cmd = [Path(sys.executable).parent / "fairseq-generate", args.data, "--user-dir", ROOT / "fairseq_widearch",
-           "--path", args.checkpoint, "--gen-subset", args.subset, "--cpu", "--beam", args.beam, "--lenpen",
-           args.lenpen, "--batch-size", "128", "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes",
-           args.bpe_codes, "--source-lang", args.source_lang, "--target-lang", args.target_lang, *task]
-    with open(out, "w") as f:
-        subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.DEVNULL, check=True)
+    generate(args.data, args.checkpoint, out, args.bpe_codes, args.beam, args.lenpen, *task, subset=args.subset,
+             source_lang=args.source_lang, target_lang=args.target_lang)
 
 
 def main(argv=None):
@@ -46,14 +40,13 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="append the scores to this JSON-lines file")
     p.add_argument("--label", default="", help="row label (e.g. the training stages)")
     args = p.parse_args(argv)
-    refs = Path(args.ref).read_text(encoding="utf-8").splitlines()
     scores, signature = [], ""
     for width in args.widths.split(","):
         out = Path(args.checkpoint).with_suffix(f".generate-{width}.txt")
         translate(args, width, out)
-        bleu = BLEU()
-        scores.append(round(bleu.corpus_score(read_hypotheses(out), [refs]).score, 2))
-        signature = str(bleu.get_signature())
+        score, signature = corpus_bleu(out, args.ref)
+        scores.append(round(score.score, 2))
+        signature = str(signature)
     print(f"| {args.label} | " + " | ".join(map(str, scores)) + f" |\nsignature: {signature}")
     if args.json:
         with open(args.json, "a") as f:
