@@ -29,10 +29,10 @@ from fairseq_widearch.cli.search_subnets import batches
 from fairseq_widearch.modules.moe import TopKRouter
 
 
-def call_labels(stack, calls: int) -> List[str]:
+def call_labels(name: str, stack, calls: int) -> List[str]:
     """Names of a stack's routing calls: its block, or its routing group's blocks."""
-    size = len(stack.layers) // getattr(stack, "routing_groups", 0) if getattr(stack, "routing_groups", 0) else 1
-    name = "encoder" if stack.__class__.__name__.endswith("Encoder") else "decoder"
+    groups = getattr(stack, "routing_groups", 0)
+    size = len(stack.layers) // groups if groups else 1
     return [f"{name} {i * size + 1}" + (f"-{(i + 1) * size}" if size > 1 else "") for i in range(calls)]
 
 
@@ -44,10 +44,11 @@ def routing_statistics(model, samples: list) -> Tuple[List[str], torch.Tensor, t
             net_input = sample["net_input"]
             encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
             _, extra = model.decoder(net_input["prev_output_tokens"], encoder_out=encoder_out)
-            outputs = [(model.encoder, encoder_out), (model.decoder, extra)]
-            labels = [label for stack, out in outputs for label in call_labels(stack, len(out.get("moe_load", [])))]
-            loads = torch.stack([load for _, out in outputs for load in out.get("moe_load", [])])
-            dropped = torch.stack([d for _, out in outputs for d in out.get("moe_dropped", [])]).float()
+            outputs = [("encoder", model.encoder, encoder_out), ("decoder", model.decoder, extra)]
+            labels = [label for name, stack, out in outputs
+                      for label in call_labels(name, stack, len(out.get("moe_load", [])))]
+            loads = torch.stack([load for _, _, out in outputs for load in out.get("moe_load", [])])
+            dropped = torch.stack([d for _, _, out in outputs for d in out.get("moe_dropped", [])]).float()
             assignments = loads.sum(1) / (1 - dropped).clamp(min=1e-9)  # kept + dropped
             kept = loads if kept is None else kept + loads
             total = assignments if total is None else total + assignments
