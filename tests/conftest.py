@@ -58,14 +58,22 @@ def multi30k_o2m_bin(tmp_path_factory, multi30k_dir):
 
 
 TRAIN_FLAGS = ["--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "1024",
-               "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--seed", "1",
+               "--label-smoothing", "0.1", "--seed", "1",
                "--log-format", "simple", "--log-interval", "1", "--no-epoch-checkpoints", "--disable-validation"]
 
 
+def criterion_for(arch):
+    """``--criterion`` flags for ``arch``: the criterion of its auxiliary losses, else label-smoothed CE."""
+    criterion = getattr(ARCH_MODEL_REGISTRY[arch], "auxiliary_criterion", None) or "label_smoothed_cross_entropy"
+    return ["--criterion", criterion]
+
+
 def train(data, save_dir, arch, *extra, cwd=None, user_dir=None, max_update=3, validate=False):
+    """fairseq-train ``arch`` (criterion from :func:`criterion_for` unless ``extra`` names one)."""
     flags = TRAIN_FLAGS if not validate else [f for f in TRAIN_FLAGS if f != "--disable-validation"]
+    criterion = [] if "--criterion" in extra else criterion_for(arch)
     return run([fairseq_cli("train"), data, "--user-dir", user_dir or REPO / "fairseq_widearch", "--arch", arch,
-                "--save-dir", save_dir, "--max-update", max_update, *flags, *extra], cwd=cwd)
+                "--save-dir", save_dir, "--max-update", max_update, *flags, *criterion, *extra], cwd=cwd)
 
 
 @pytest.fixture(scope="session")
@@ -83,10 +91,12 @@ def tiny_checkpoint(tmp_path_factory, multi30k_bin):
     return get
 
 
-def ddp_train(data, tmp_path, arch, *extra, max_update=3):
-    """Train ``arch`` with 2 CPU data-parallel ranks (gloo, legacy_ddp), each saving its own
-    checkpoint. Returns (the two ranks' final state dicts, their outputs)."""
-    port = 29500 + (abs(hash((arch, *map(str, extra)))) % 1000)
+def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp"):
+    """Train ``arch`` with 2 CPU data-parallel ranks (gloo; ``backend`` legacy_ddp, or pytorch_ddp:
+    PyTorch's DistributedDataParallel, fairseq's GPU default, with ``device_ids=None`` and no
+    unused-parameter search), each saving its own checkpoint. Returns (the two ranks' final
+    state dicts, their outputs)."""
+    port = 29500 + (abs(hash((arch, backend, *map(str, extra)))) % 1000)
     procs = []
     for rank in range(2):
         (tmp_path / f"rank{rank}").mkdir()  # fairseq creates the save dir on the master only
@@ -94,9 +104,10 @@ def ddp_train(data, tmp_path, arch, *extra, max_update=3):
                "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", tmp_path / f"rank{rank}",
                "--max-update", max_update, "--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001",
                "--max-tokens", "512", "--seed", "1", "--disable-validation", "--no-epoch-checkpoints",
-               "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo", "--distributed-world-size", "2",
+               "--ddp-backend", backend, "--distributed-backend", "gloo", "--distributed-world-size", "2",
                "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-rank", str(rank),
-               "--distributed-no-spawn", "--device-id", "0", *extra]
+               "--distributed-no-spawn", "--device-id", "0", *([] if "--criterion" in extra else criterion_for(arch)),
+               *extra]
         procs.append(subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     outs = [p.communicate(timeout=600)[0] for p in procs]

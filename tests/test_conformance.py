@@ -128,3 +128,33 @@ def test_two_rank_data_parallel_ends_with_identical_parameters(arch, multi30k_bi
         assert torch.equal(states[0][name], states[1][name]), f"{name} differs between ranks"
     # the ranks really trained: parameters moved away from a fresh initialisation
     assert "num_updates 3" in outs[0]
+
+
+def objective(model, src, lengths, prev):
+    """Mean log-probability plus every auxiliary output that carries a gradient (balance losses,
+    latent-layer posteriors and samples), so a lost auxiliary gradient shows."""
+    logits, extra = model(src, lengths, prev)
+    aux = [t.float().sum() for key, values in extra.items() if key not in ("attn", "inner_states")
+           for t in values if isinstance(t, torch.Tensor) and t.requires_grad]
+    return logits.float().log_softmax(-1).mean() + sum(aux)
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint-activations", "--offload-activations"])
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(arch, flag):
+    """fairseq's checkpoint_wrapper on every layer, in training mode with dropout (the recomputed
+    forward must redraw the same dropout masks, router noise and Gumbel samples)."""
+    results = []
+    for argv in ([], [flag]):
+        torch.manual_seed(0)
+        model = build_model(arch, ["--dropout", "0.3", "--attention-dropout", "0.1", *argv], vocab_size=VOCAB).train()
+        torch.manual_seed(1)
+        loss = objective(model, *batch())
+        loss.backward()
+        results.append((loss, {name: p.grad for name, p in model.named_parameters()}))
+        layers = [*model.encoder.layers, *model.decoder.layers]
+        assert all(hasattr(layer, "precheckpoint_forward") == bool(argv) for layer in layers)
+    (loss, grads), (loss_ckpt, grads_ckpt) = results
+    assert torch.equal(loss, loss_ckpt)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_ckpt[name], grad, atol=1e-6, rtol=1e-5, msg=name)

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import REPO, TINY_ARCHS, TRAIN_FLAGS, fairseq_cli, run, train
+from conftest import REPO, TINY_ARCHS, TRAIN_FLAGS, criterion_for, fairseq_cli, run, train
 
 #: Flags an architecture needs beyond the defaults to train as intended.
 ARCH_FLAGS = {"scalable_transformer_tiny": ["--task", "scalable_translation", "--criterion",
@@ -21,7 +21,8 @@ ARCH_FLAGS = {"scalable_transformer_tiny": ["--task", "scalable_translation", "-
 def test_sigkill_after_a_checkpoint_then_the_same_command_resumes_and_finishes(multi30k_bin, tmp_path):
     cmd = [str(c) for c in [fairseq_cli("train"), multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--arch",
                             "multipath_transformer_tiny", "--save-dir", tmp_path, "--max-update", "40",
-                            "--save-interval-updates", "3", *TRAIN_FLAGS]]
+                            "--save-interval-updates", "3", *TRAIN_FLAGS,
+                            *criterion_for("multipath_transformer_tiny")]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         if "Saved checkpoint" in line:

@@ -28,7 +28,9 @@ def prune(checkpoint, out, *extra):
 
 def hypotheses(data, checkpoint, *extra):
     out = run([fairseq_cli("generate"), data, "--path", checkpoint, "--gen-subset", "valid", "--beam", "3",
-               "--max-len-b", "10", "--cpu", "--batch-size", "64", "--num-shards", "8", "--shard-id", "0", *extra], cwd=REPO.parent).stdout
+               "--max-len-b", "10", "--cpu", "--batch-size", "64", "--num-shards", "8", "--shard-id", "0",
+               # stock fairseq (no plugin) would drop the last batch (README, fairseq fixes)
+               "--required-batch-size-multiple", "1", *extra], cwd=REPO.parent).stdout
     return sorted(line for line in out.splitlines() if line.startswith("H-"))
 
 

@@ -8,11 +8,15 @@ from torch import Tensor
 
 
 class AuxiliaryLossCriterion(LabelSmoothedCrossEntropyCriterion):
-    """``loss = CE + sample_size · aux``: subclasses return the weighted auxiliary loss ``aux``
-    (a per-batch mean, hence scaled by the sample size like the summed CE, since fairseq divides
-    the gradient by the sample size) and per-batch statistics to log, from the model's ``extra``.
+    """In training ``loss = CE + sample_size · aux``: subclasses return the weighted auxiliary
+    loss ``aux`` (a per-batch mean, hence scaled by the sample size like the summed CE, since
+    fairseq divides the gradient by the sample size) and per-batch statistics to log, from the
+    model's ``extra``. In evaluation (``model.eval()``: validation, ``fairseq-validate``) ``loss``
+    is the label-smoothed translation loss alone, so that ``--best-checkpoint-metric loss`` and
+    validation losses compare translation quality, not a mix that changes with the auxiliary
+    weights and their schedules; the auxiliary terms are still logged, each under its own name.
 
-    Logged: ``loss`` (total), ``ce_loss``, ``nll_loss``, and every statistic of ``STATS`` that the
+    Logged: ``loss``, ``ce_loss``, ``nll_loss``, and every statistic of ``STATS`` that the
     batches report, averaged over batches (and data-parallel workers).
     """
 
@@ -27,7 +31,7 @@ class AuxiliaryLossCriterion(LabelSmoothedCrossEntropyCriterion):
         ce_loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         aux, stats = self.auxiliary(net_output[1], ce_loss)
-        loss = ce_loss + aux.to(ce_loss.dtype) * sample_size
+        loss = ce_loss + aux.to(ce_loss.dtype) * sample_size if model.training else ce_loss
         logging_output = {
             "loss": loss.data, "ce_loss": ce_loss.data, "nll_loss": nll_loss.data, "ntokens": sample["ntokens"],
             "nsentences": sample["target"].size(0), "sample_size": sample_size, "aux_batches": 1,

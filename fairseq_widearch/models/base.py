@@ -9,18 +9,34 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
     TransformerModel,
 )
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 
 def added_defaults(config_cls) -> dict:
     """``{field: default}`` of the fields ``config_cls`` adds to fairseq's TransformerConfig."""
     base = {f.name for f in fields(TransformerConfig)}
     return {f.name: f.default for f in fields(config_cls) if f.name not in base}
+
+
+def wrap_layer(layer: torch.nn.Module, cfg) -> torch.nn.Module:
+    """What fairseq's ``build_encoder_layer``/``build_decoder_layer`` do to every layer they build:
+    activation checkpointing with ``--checkpoint-activations`` (``--offload-activations`` keeps the
+    saved inputs on the CPU), then ``fsdp_wrap`` (a no-op outside fully sharded training). Every
+    plugin layer goes through it, so these flags work as for a stock Transformer. fairseq's
+    checkpointing carries gradients through the tensors among a layer's positional arguments and
+    outputs only: layers pass their auxiliary tensors flat (e.g. WideNet's routing)."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    # as fairseq: a checkpointed layer is always FSDP-wrapped, whatever its size
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
 
 #: Keys of fairseq's own ``encoder_out``; any other key is an auxiliary output of the model.
@@ -37,6 +53,11 @@ class WideTransformerModel(TransformerModel):
     config = TransformerConfig
     encoder_class = TransformerEncoderBase
     decoder_class = TransformerDecoderBase
+    #: The registered criterion that adds this model's auxiliary losses (from ``extra``) to the
+    #: objective, and what those losses are; fairseq-train with another criterion stops at
+    #: start-up (:mod:`fairseq_widearch.fairseq_fixes`). None: no auxiliary losses.
+    auxiliary_criterion: Optional[str] = None
+    auxiliary_losses = ""
 
     @classmethod
     def add_args(cls, parser):

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..modules.language_pair import LanguagePairIndex
 from ..modules.layer_select import INFERENCE_MODES, LayerSelect
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import require, validate_transformer_sizes
 
@@ -149,7 +149,7 @@ class LatentDepthEncoder(LayerLoopEncoder):
         self.language_pair = LanguagePairIndex(dictionary, cfg.latent_pair_langtoks.split(",")) if pairs else None
 
     def build_encoder_layer(self, cfg):
-        return LatentEncoderLayer(cfg)
+        return wrap_layer(LatentEncoderLayer(cfg), cfg)
 
     def run_layers(self, x, padding_mask, states, src_tokens):
         pair = self.language_pair(src_tokens) if self.language_pair is not None else None
@@ -172,7 +172,7 @@ class LatentDepthDecoder(LayerLoopDecoder):
         self.layer_select = build_layer_select(cfg, cfg.decoder.layers)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return LatentDecoderLayer(cfg, no_encoder_attn)
+        return wrap_layer(LatentDecoderLayer(cfg, no_encoder_attn), cfg)
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                    self_attn_padding_mask, padding_mask, inner_states, encoder_aux):
@@ -221,6 +221,8 @@ class LatentDepthTransformerModel(WideTransformerModel):
     llboth_64_64, multi30k, tiny}``. A non-latent stack is fairseq's own pre-norm stack."""
 
     config = LatentDepthConfig
+    auxiliary_criterion = "latent_depth_label_smoothed_cross_entropy"
+    auxiliary_losses = "latent depth's KL and target-depth losses (Li et al. 2020, Eq. 8)"
 
     base_preset = staticmethod(lambda args: latent_depth_transformer(args))  # registered below
     validate = staticmethod(validate_latent_depth_config)

@@ -31,7 +31,7 @@ from ..modules.multi_path import (
     MultiPathSublayer,
     PathFusion,
 )
-from .base import WideTransformerModel, added_defaults
+from .base import WideTransformerModel, added_defaults, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import require, require_positive, validate_transformer_sizes
 
@@ -137,7 +137,7 @@ class MultiPathTransformerEncoder(TransformerEncoderBase):
     """fairseq's Transformer encoder with multi-path layers."""
 
     def build_encoder_layer(self, cfg):
-        return MultiPathEncoderLayer(cfg)
+        return wrap_layer(MultiPathEncoderLayer(cfg), cfg)
 
 
 class MultiPathTransformerDecoder(TransformerDecoderBase):
@@ -145,7 +145,7 @@ class MultiPathTransformerDecoder(TransformerDecoderBase):
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         if cfg.decoder_paths > 1:
-            return MultiPathDecoderLayer(cfg, no_encoder_attn)
+            return wrap_layer(MultiPathDecoderLayer(cfg, no_encoder_attn), cfg)
         return super().build_decoder_layer(cfg, no_encoder_attn)
 
 

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.partial_attention import GATE_ACTIVATIONS, GlobalAttentionLogits, PartialAttention, PGFFN
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import require, require_positive
 
@@ -162,7 +162,7 @@ class PartialFormerEncoder(LayerLoopEncoder):
         self.global_logits = build_global_logits(cfg, "encoder") if self.partial and not cfg.no_global_attention else None
 
     def build_encoder_layer(self, cfg):
-        return PartialEncoderLayer(cfg) if is_partial(cfg, "encoder") else super().build_encoder_layer(cfg)
+        return wrap_layer(PartialEncoderLayer(cfg), cfg) if is_partial(cfg, "encoder") else super().build_encoder_layer(cfg)
 
     def run_layers(self, x, padding_mask, states, src_tokens):
         mask = padding_mask if padding_mask.any() else None
@@ -192,7 +192,7 @@ class PartialFormerDecoder(LayerLoopDecoder):
         self.global_cross = build_global_logits(cfg, "decoder", self_attention=False) if _cross_global(cfg) else None
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return PartialDecoderLayer(cfg)
+        return wrap_layer(PartialDecoderLayer(cfg), cfg)
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                    self_attn_padding_mask, padding_mask, inner_states, encoder_aux):

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.slimmable import HEAD_DIM, SlimmableAttention, SlimmableLayerNorm, SlimmableLinear
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, wrap_layer
 from .presets import set_defaults
 from .validation import require
 
@@ -173,7 +173,7 @@ class WidthSelection:
     constructor builds the layers, one ``build_*_layer`` call per entry."""
 
     def build_layer(self, cfg, cross_attention: bool = False):
-        return ScalableLayer(cfg, self.built_width, next(self._built_dims), cross_attention)
+        return wrap_layer(ScalableLayer(cfg, self.built_width, next(self._built_dims), cross_attention), cfg)
 
     def build_width_selection(self, cfg):
         self.width = self.built_width

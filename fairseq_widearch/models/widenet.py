@@ -30,7 +30,7 @@ from torch import Tensor
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.moe import Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import require, require_positive, validate_transformer_sizes
 
@@ -145,7 +145,17 @@ class BlockSharing:
         return shared
 
 
-class WideNetEncoderLayer(EncoderLayer):
+class MoESublayer:
+    """The last sub-layer of every WideNet block (encoder and decoder), ``x + MoE(LN_i^moe(x))``;
+    the block has ``moe_layer_norm``, ``moe`` and ``dropout_module``."""
+
+    def moe_sublayer(self, x: Tensor, padding_mask: Optional[Tensor], reused: tuple) -> tuple:
+        """x ``(T, B, C)`` -> ``(x, *routing fields)`` (no fields for the dense-FFN ablation)."""
+        h, routing = self.moe(self.moe_layer_norm(x), padding_mask, Routing(*reused) if reused else None)
+        return (x + self.dropout_module(h), *(routing.as_tuple() if routing is not None else ()))
+
+
+class WideNetEncoderLayer(EncoderLayer, MoESublayer):
     """Block i of Eq. 6: pre-norm self-attention and MoE, each behind this block's own LayerNorm.
     ``first`` is block 0, whose attention and MoE this block shares (None for block 0)."""
 
@@ -159,16 +169,16 @@ class WideNetEncoderLayer(EncoderLayer):
         self.moe = share.moe(d, cfg.encoder.ffn_embed_dim)
         self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
 
-    def forward(self, x, padding_mask: Optional[Tensor], routing: Optional[Routing] = None):
-        """x ``(src_len, B, C)``, padding_mask ``(B, src_len)`` -> ``(x, routing)``."""
+    def forward(self, x, padding_mask: Optional[Tensor], *reused):
+        """x ``(src_len, B, C)``, padding_mask ``(B, src_len)``, ``reused`` the fields of a routing
+        to reuse (:meth:`Routing.as_tuple`; none: route) -> ``(x, *fields of this block's routing)``."""
         h = self.self_attn_layer_norm(x)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask, need_weights=False)
         x = x + self.dropout_module(h)
-        h, routing = self.moe(self.moe_layer_norm(x), padding_mask, routing)
-        return x + self.dropout_module(h), routing
+        return self.moe_sublayer(x, padding_mask, reused)
 
 
-class WideNetDecoderLayer(nn.Module):
+class WideNetDecoderLayer(nn.Module, MoESublayer):
     """Decoder block: pre-norm causal self-attention, cross-attention and MoE, each behind this
     block's own LayerNorm; attention and MoE weights shared with block 0 (``first``)."""
 
@@ -187,8 +197,9 @@ class WideNetDecoderLayer(nn.Module):
         self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
 
     def forward(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                self_attn_padding_mask, routing: Optional[Routing] = None):
-        """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)`` -> ``(x, routing)``."""
+                self_attn_padding_mask, *reused):
+        """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)``, ``reused`` as in
+        :meth:`WideNetEncoderLayer.forward` -> ``(x, *fields of this block's routing)``."""
         h = self.self_attn_layer_norm(x)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
                               incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
@@ -197,22 +208,22 @@ class WideNetDecoderLayer(nn.Module):
         h, _ = self.encoder_attn(query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
                                  incremental_state=incremental_state, static_kv=True, need_weights=False)
         x = x + self.dropout_module(h)
-        h, routing = self.moe(self.moe_layer_norm(x), self_attn_padding_mask, routing)
-        return x + self.dropout_module(h), routing
+        return self.moe_sublayer(x, self_attn_padding_mask, reused)
 
 
 BLOCK0 = "_widenet_block0"
 
 
 def build_block(stack: nn.Module, layer_cls, cfg):
-    """The next block of ``stack``: block 0 built anew, later blocks sharing block 0's parts.
+    """The next block of ``stack`` (wrapped as fairseq wraps its layers, :func:`wrap_layer`):
+    block 0 built anew, later blocks sharing block 0's parts.
 
     fairseq builds all layers in one list comprehension, before ``stack.layers`` holds any, so
     block 0 is kept in a plain, unregistered attribute that the stack's ``__init__`` deletes
     once the layers exist (block 0 stays registered once, as ``layers.0``).
     """
     first = stack.__dict__.get(BLOCK0)
-    layer = layer_cls(cfg, first)
+    layer = wrap_layer(layer_cls(cfg, first), cfg)
     stack.__dict__.setdefault(BLOCK0, layer)
     return layer
 
@@ -226,14 +237,15 @@ class RoutingGroups:
         self.routing: Optional[Routing] = None
         self.aux: Dict[str, List[Tensor]] = {key: [] for key in MOE_KEYS}
 
-    def for_layer(self, index: int) -> Optional[Routing]:
-        return None if index % self.group_size == 0 else self.routing
+    def for_layer(self, index: int) -> tuple:
+        """The routing fields block ``index`` reuses (``()``: it routes)."""
+        return () if index % self.group_size == 0 or self.routing is None else self.routing.as_tuple()
 
-    def record(self, routing: Optional[Routing], reused: bool):
+    def record(self, fields: tuple, reused: bool):
         """Keep a fresh routing for the rest of its group and record its statistics once."""
-        if routing is None or reused:
+        if not fields or reused:
             return
-        self.routing = routing
+        self.routing = routing = Routing(*fields)
         self.aux["moe_balance_loss"].append(routing.balance_loss)
         kept = routing.kept.float()
         self.aux["moe_dropped"].append(1 - kept.mean() if kept.numel() else kept.sum())
@@ -256,8 +268,8 @@ class WideNetEncoder(LayerLoopEncoder):
         groups = RoutingGroups(len(self.layers), self.routing_groups)
         for i, layer in enumerate(self.layers):
             reuse = groups.for_layer(i)
-            x, routing = layer(x, padding_mask, reuse)
-            groups.record(routing, reused=reuse is not None)
+            x, *routing = layer(x, padding_mask, *reuse)
+            groups.record(routing, reused=bool(reuse))
             if states is not None:
                 states.append(x)
         return x, groups.aux
@@ -280,9 +292,9 @@ class WideNetDecoder(LayerLoopDecoder):
         groups = RoutingGroups(len(self.layers), self.routing_groups)
         for i, layer in enumerate(self.layers):
             reuse = groups.for_layer(i)
-            x, routing = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                               self_attn_padding_mask, reuse)
-            groups.record(routing, reused=reuse is not None)
+            x, *routing = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                                self_attn_padding_mask, *reuse)
+            groups.record(routing, reused=bool(reuse))
             inner_states.append(x)
         return x, groups.aux
 
@@ -316,9 +328,18 @@ class WideNetModel(WideTransformerModel):
     config = WideNetConfig
     encoder_class = WideNetEncoder
     decoder_class = WideNetDecoder
+    auxiliary_criterion = "moe_label_smoothed_cross_entropy"
+    auxiliary_losses = "WideNet's balance loss (Xue et al. 2022, Eq. 8)"
 
     base_preset = staticmethod(lambda args: widenet(args))  # registered below
     validate = staticmethod(validate_widenet_config)
+
+    @classmethod
+    def build_model(cls, args, task):
+        model = super().build_model(args, task)
+        if args.widenet_dense_ffn:  # no router, no balance loss: any criterion trains it
+            model.auxiliary_criterion = None
+        return model
 
     @classmethod
     def decoder_class_for(cls, cfg):

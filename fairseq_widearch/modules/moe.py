@@ -12,7 +12,7 @@ served in batch order (GShard/V-MoE); a dropped assignment contributes zero and 
 carries the token. Padding tokens are never routed and never counted.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import torch
@@ -49,6 +49,12 @@ class Routing:
     capacity: int
     num_experts: int
     balance_loss: Tensor
+
+    def as_tuple(self) -> tuple:
+        """The fields in order (``Routing(*routing.as_tuple())`` rebuilds it): the form in which a
+        routing crosses a layer boundary, so that fairseq's activation checkpointing, which sees
+        only top-level tensors, carries the gradients of ``gate`` and ``balance_loss``."""
+        return tuple(getattr(self, field.name) for field in fields(self))
 
 
 class TopKRouter(nn.Module):

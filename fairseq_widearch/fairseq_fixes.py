@@ -1,0 +1,79 @@
+"""Fixes for fairseq 0.12 that the plugin applies when it is imported (``--user-dir`` or
+``import fairseq_widearch``), for every architecture, stock ones included. Each replaces a silent
+wrong answer by the right one or by an error; nothing else of fairseq's behaviour changes.
+
+* :func:`keep_last_batch`: upstream fairseq (``ve-fairseq`` 0.12.3) drops the last batch of every
+  epoch, validation pass and decoding run when its size is not a multiple of
+  ``--required-batch-size-multiple`` (upstream issues #5036, #5351).
+* :func:`require_auxiliary_criterion`: a model whose objective has auxiliary losses (WideNet's
+  balance loss, latent depth's KL and target depth) trained with a criterion that drops them.
+"""
+import functools
+from typing import Optional
+
+import numpy as np
+from fairseq.criterions import CRITERION_REGISTRY
+from fairseq.data import data_utils
+from fairseq.trainer import Trainer
+
+
+def keep_last_batch():
+    """Make ``fairseq.data.data_utils.batch_by_size`` keep the remainder as a batch of its own.
+
+    ``batch_by_size`` (used by every task's ``get_batch_iterator``: training, validation,
+    fairseq-generate, fairseq-interactive, the hub interface) ends with
+    ``if bsz_mult > 1 and len(b[-1]) % bsz_mult != 0: b = b[:-1]``. Batches are sorted by length,
+    so the dropped sentences are always the longest: Multi30k ``val`` validates 1,008 of its 1,014
+    sentences, and fairseq-generate's BLEU silently covers a subset. fairseq 0.12.2 kept them; so
+    does this wrapper. Idempotent.
+    """
+    original = data_utils.batch_by_size
+    if getattr(original, "keeps_last_batch", False):
+        return
+
+    @functools.wraps(original)
+    def batch_by_size(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=None, max_sentences=None,
+                      required_batch_size_multiple=1, fixed_shapes=None):
+        if not isinstance(indices, np.ndarray):
+            indices = np.fromiter(indices, dtype=np.int64, count=-1)
+        batches = original(indices, num_tokens_fn, num_tokens_vec, max_tokens, max_sentences,
+                           required_batch_size_multiple, fixed_shapes)
+        if fixed_shapes is None:  # batches are consecutive runs of `indices`: what is missing is the tail
+            batched = sum(len(batch) for batch in batches)
+            if batched < len(indices):
+                batches = [*batches, indices[batched:]]
+        return batches
+
+    batch_by_size.keeps_last_batch = True
+    data_utils.batch_by_size = batch_by_size
+
+
+def auxiliary_criterion_error(model, criterion) -> Optional[str]:
+    """Why ``criterion`` cannot train ``model`` (it would drop the model's auxiliary losses), or
+    None. A model names the criterion that adds its auxiliary losses in ``auxiliary_criterion``
+    (a registered criterion name; subclasses of that criterion qualify too)."""
+    model = getattr(model, "module", model)  # data-parallel wrappers
+    needed = getattr(model, "auxiliary_criterion", None)
+    if needed is None or isinstance(criterion, CRITERION_REGISTRY[needed]):
+        return None
+    name = next((key for key, cls in CRITERION_REGISTRY.items() if type(criterion) is cls), type(criterion).__name__)
+    return (f"{model.auxiliary_losses} is part of the training objective, and --criterion {name} leaves it out: "
+            f"train with --criterion {needed}")
+
+
+def require_auxiliary_criterion():
+    """Stop fairseq-train at start-up (when its ``Trainer`` is built) if the criterion would drop
+    the model's auxiliary losses, with a message naming the criterion to use. Idempotent."""
+    original = Trainer.__init__
+    if getattr(original, "checks_auxiliary_criterion", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, cfg, task, model, criterion, *args, **kwargs):
+        error = auxiliary_criterion_error(model, criterion)
+        if error:
+            raise ValueError(error)
+        original(self, cfg, task, model, criterion, *args, **kwargs)
+
+    __init__.checks_auxiliary_criterion = True
+    Trainer.__init__ = __init__

@@ -1,0 +1,91 @@
+"""What the plugin fixes in fairseq on import (fairseq_widearch/fairseq_fixes.py): every sentence is
+batched (training, validation, decoding, stock architectures too), and no criterion silently drops
+a model's auxiliary losses."""
+import re
+from argparse import Namespace
+
+import numpy as np
+import pytest
+import torch
+from fairseq.data import data_utils
+from fairseq.tasks.translation import TranslationTask
+
+from fairseq_widearch.fairseq_fixes import auxiliary_criterion_error
+from fairseq_widearch.model_builder import build_model
+from conftest import REPO, fairseq_cli, run, train
+
+STOCK_TINY = ["--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-layers", "1",
+              "--decoder-layers", "1", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+@pytest.mark.parametrize("size,max_sentences", [(461, 16), (1014, 64), (3003, 128), (7, None)])
+def test_batch_by_size_keeps_the_remainder_as_its_own_batch(size, max_sentences):
+    lengths = np.random.default_rng(0).integers(3, 60, size)
+    indices = np.argsort(lengths, kind="mergesort")
+    batches = data_utils.batch_by_size(indices, lengths.__getitem__, num_tokens_vec=lengths[indices],
+                                       max_tokens=4096, max_sentences=max_sentences, required_batch_size_multiple=8)
+    assert np.array_equal(np.concatenate(batches), indices)  # every sentence once, in order
+    assert all(len(b) % 8 == 0 for b in batches[:-1])
+
+
+def translation_task(data):
+    args = Namespace(data=str(data), source_lang="en", target_lang="de", left_pad_source=True,
+                     left_pad_target=False, dataset_impl=None, upsample_primary=-1, load_alignments=False,
+                     truncate_source=False, num_batch_buckets=0, train_subset="train", required_seq_len_multiple=1,
+                     max_source_positions=1024, max_target_positions=1024, eval_bleu=False)
+    task = TranslationTask.setup_task(args)
+    for split in ("train", "valid"):
+        task.load_dataset(split)
+    return task
+
+
+def batches(task, split, shuffle, max_tokens=1024):
+    dataset = task.dataset(split)
+    # as fairseq-train builds its iterators (default --required-batch-size-multiple 8)
+    itr = task.get_batch_iterator(dataset, max_tokens=max_tokens, max_positions=(1024, 1024),
+                                  required_batch_size_multiple=8, seed=1, disable_iterator_cache=True)
+    return list(itr.next_epoch_itr(shuffle=shuffle)), len(dataset)
+
+
+def test_validation_counts_every_sentence(multi30k_bin):
+    valid, size = batches(translation_task(multi30k_bin), "valid", shuffle=False)
+    assert size == 1014 and size % 8  # Multi30k val, whose 6 longest sentences fairseq dropped
+    assert sum(sample["nsentences"] for sample in valid) == size
+
+
+def test_one_training_epoch_visits_every_sentence(multi30k_bin):
+    # at 512 tokens the longest batch holds one sentence, which fairseq dropped
+    train_batches, size = batches(translation_task(multi30k_bin), "train", shuffle=True, max_tokens=512)
+    ids = torch.cat([sample["id"] for sample in train_batches])
+    assert sorted(ids.tolist()) == list(range(size))
+
+
+def test_generate_emits_one_hypothesis_per_sentence_for_a_stock_transformer(multi30k_bin, tmp_path):
+    train(multi30k_bin, tmp_path, "transformer", *STOCK_TINY, max_update=1)
+    gen = run([fairseq_cli("generate"), multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--path",
+               tmp_path / "checkpoint_last.pt", "--gen-subset", "valid", "--max-sentences", "128", "--beam", "1",
+               "--max-len-b", "3", "--cpu"])
+    assert len(re.findall(r"^H-\d+\t", gen.stdout, re.M)) == 1014
+    assert "Translated 1,014 sentences" in gen.stderr
+
+
+@pytest.mark.parametrize("arch,criterion", [("widenet_tiny", "moe_label_smoothed_cross_entropy"),
+                                            ("latent_depth_transformer_tiny",
+                                             "latent_depth_label_smoothed_cross_entropy")])
+def test_training_without_the_auxiliary_criterion_stops_at_start_up(arch, criterion, multi30k_bin, tmp_path):
+    with pytest.raises(AssertionError) as failure:
+        train(multi30k_bin, tmp_path, arch, "--criterion", "label_smoothed_cross_entropy")
+    message = str(failure.value)
+    assert f"train with --criterion {criterion}" in message and "--criterion label_smoothed_cross_entropy" in message
+    assert "num_updates" not in message  # stopped before the first update
+
+
+def test_models_without_auxiliary_losses_train_with_any_criterion():
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+    from types import SimpleNamespace
+    criterion = LabelSmoothedCrossEntropyCriterion(SimpleNamespace(target_dictionary=None), False, 0.1)
+    for arch, argv in [("widenet_tiny", ["--widenet-dense-ffn"]), ("multipath_transformer_tiny", []),
+                       ("partialformer_tiny", [])]:
+        assert auxiliary_criterion_error(build_model(arch, argv, vocab_size=40), criterion) is None
+    assert "moe_label_smoothed_cross_entropy" in auxiliary_criterion_error(build_model("widenet_tiny", vocab_size=40),
+                                                                           criterion)
