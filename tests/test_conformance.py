@@ -120,9 +120,17 @@ def test_train_then_generate_on_real_data(arch, multi30k_bin, tmp_path):
     assert cfg.model.arch == arch and type(models[0]).__module__.startswith("fairseq_widearch")
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_two_rank_data_parallel_ends_with_identical_parameters(arch, multi30k_bin, tmp_path):
-    states, outs = ddp_train(multi30k_bin, tmp_path, arch)
+#: Every tiny preset, and WideNet with a router per routing block (only routing blocks own one).
+DDP_CASES = [(arch, []) for arch in TINY_ARCHS] + [
+    ("widenet_tiny", ["--widenet-router-per-block", "--widenet-routing-groups", "1"])]
+
+
+@pytest.mark.parametrize("backend", ["legacy_ddp", "pytorch_ddp"])
+@pytest.mark.parametrize("arch,flags", DDP_CASES)
+def test_two_rank_data_parallel_ends_with_identical_parameters(arch, flags, backend, multi30k_bin, tmp_path):
+    """legacy_ddp (fairseq's CPU choice) and PyTorch's DDP (fairseq's GPU default, unused-parameter
+    search off: a parameter outside the loss's graph fails the step)."""
+    states, outs = ddp_train(multi30k_bin, tmp_path, arch, *flags, backend=backend)
     assert states[0].keys() == states[1].keys()
     for name in states[0]:
         assert torch.equal(states[0][name], states[1][name]), f"{name} differs between ranks"

@@ -138,10 +138,16 @@ def test_stage3_targets_are_the_widest_models_filtered_beam_outputs(stages, mult
     assert logged(stage3, "distill_lambda")[0] == 0.9 and logged(stage3, "distill_loss")
 
 
-def test_two_rank_data_parallel_distillation_ends_with_identical_parameters(multi30k_bin, tmp_path):
-    """Three forward/backward passes per update, all but the last without gradient synchronisation."""
+@pytest.mark.parametrize("backend", ["legacy_ddp", "pytorch_ddp"])
+def test_two_rank_data_parallel_distillation_trains_the_same_sub_transformers(backend, multi30k_bin, tmp_path):
+    """Four forward/backward passes per update, all but the last without gradient synchronisation
+    (PyTorch DDP's ``no_sync``): every rank draws the same type-2 sub-Transformers (D^i random per
+    layer) at every update and ends with the same parameters."""
     states, outs = ddp_train(multi30k_bin, tmp_path, "scalable_transformer_tiny", *STAGE, "--distill-stage", "2",
-                             "--lambda2-anneal-updates", "2", "--label-smoothing", "0.1")
+                             "--lambda2-anneal-updates", "2", "--label-smoothing", "0.1",
+                             "--sub-transformer-type", "type2", "--num-sub-transformers", "3", backend=backend)
+    drawn = [re.findall(r"^\| drawn (\d+) (.*)$", out, re.M) for out in outs]
+    assert len(drawn[0]) == 3 and drawn[0] == drawn[1]
     for name in states[0]:
         assert torch.equal(states[0][name], states[1][name]), f"{name} differs between ranks"
     assert logged(outs[0], "distill_loss")

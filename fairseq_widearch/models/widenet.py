@@ -112,10 +112,11 @@ def build_router(cfg, embed_dim: int) -> TopKRouter:
 class BlockSharing:
     """What block i takes from block 0 (Sec. 3.2): attention and MoE unless
     ``--widenet-no-sharing``; LayerNorms only with ``--widenet-shared-layer-norm``. Block 0 (and
-    every unshared part) is built anew; a shared part is block 0's module itself, never a copy."""
+    every unshared part) is built anew; a shared part is block 0's module itself, never a copy.
+    ``routes``: whether the block routes (False: it reuses its routing group's routing)."""
 
-    def __init__(self, cfg, first: Optional[nn.Module]):
-        self.cfg, self.first = cfg, first
+    def __init__(self, cfg, first: Optional[nn.Module], routes: bool = True):
+        self.cfg, self.first, self.routes = cfg, first, routes
 
     def norm(self, name: str, dim: int):
         if self.first is not None and self.cfg.widenet_shared_layer_norm:
@@ -139,8 +140,11 @@ class BlockSharing:
         return attn
 
     def moe(self, embed_dim: int, ffn_dim: int):
+        """Block 0's MoE layer; with ``--widenet-router-per-block``, its experts behind a router of
+        this block's own, for every block that routes (a block that reuses its group's routing
+        never calls a router, so it gets none of its own: DDP would find it unused)."""
         shared = self.module("moe", lambda: build_ffn(self.cfg, embed_dim, ffn_dim))
-        if shared is getattr(self.first, "moe", None) and self.cfg.widenet_router_per_block:
+        if shared is getattr(self.first, "moe", None) and self.cfg.widenet_router_per_block and self.routes:
             return MoELayer(build_router(self.cfg, embed_dim), shared.experts)
         return shared
 
@@ -159,9 +163,9 @@ class WideNetEncoderLayer(EncoderLayer, MoESublayer):
     """Block i of Eq. 6: pre-norm self-attention and MoE, each behind this block's own LayerNorm.
     ``first`` is block 0, whose attention and MoE this block shares (None for block 0)."""
 
-    def __init__(self, cfg, first: Optional["WideNetEncoderLayer"] = None):
+    def __init__(self, cfg, first: Optional["WideNetEncoderLayer"] = None, routes: bool = True):
         super().__init__()
-        d, share = cfg.encoder.embed_dim, BlockSharing(cfg, first)
+        d, share = cfg.encoder.embed_dim, BlockSharing(cfg, first, routes)
         self.self_attn_layer_norm = share.norm("self_attn_layer_norm", d)
         self.self_attn = share.module("self_attn", lambda: MultiheadAttention(
             d, cfg.encoder.attention_heads, dropout=cfg.attention_dropout, self_attention=True))
@@ -182,9 +186,9 @@ class WideNetDecoderLayer(nn.Module, MoESublayer):
     """Decoder block: pre-norm causal self-attention, cross-attention and MoE, each behind this
     block's own LayerNorm; attention and MoE weights shared with block 0 (``first``)."""
 
-    def __init__(self, cfg, first: Optional["WideNetDecoderLayer"] = None):
+    def __init__(self, cfg, first: Optional["WideNetDecoderLayer"] = None, routes: bool = True):
         super().__init__()
-        d, heads, share = cfg.decoder.embed_dim, cfg.decoder.attention_heads, BlockSharing(cfg, first)
+        d, heads, share = cfg.decoder.embed_dim, cfg.decoder.attention_heads, BlockSharing(cfg, first, routes)
         self.self_attn_layer_norm = share.norm("self_attn_layer_norm", d)
         self.self_attn = share.attention("self_attn", lambda: MultiheadAttention(
             d, heads, dropout=cfg.attention_dropout, self_attention=True))
@@ -211,20 +215,27 @@ class WideNetDecoderLayer(nn.Module, MoESublayer):
         return self.moe_sublayer(x, self_attn_padding_mask, reused)
 
 
-BLOCK0 = "_widenet_block0"
+BLOCKS = "_widenet_blocks"
 
 
-def build_block(stack: nn.Module, layer_cls, cfg):
+def routes(index: int, num_layers: int, groups: int) -> bool:
+    """Whether block ``index`` of a stack of ``num_layers`` routes: the first block of each of the
+    ``groups`` routing groups (Fig. 3), or every block when ``groups`` is 0."""
+    return index % (num_layers // groups if groups else 1) == 0
+
+
+def build_block(stack: nn.Module, layer_cls, cfg, num_layers: int):
     """The next block of ``stack`` (wrapped as fairseq wraps its layers, :func:`wrap_layer`):
     block 0 built anew, later blocks sharing block 0's parts.
 
     fairseq builds all layers in one list comprehension, before ``stack.layers`` holds any, so
-    block 0 is kept in a plain, unregistered attribute that the stack's ``__init__`` deletes
-    once the layers exist (block 0 stays registered once, as ``layers.0``).
+    the blocks built so far are kept in a plain, unregistered attribute that the stack's
+    ``__init__`` deletes once the layers exist (block 0 stays registered once, as ``layers.0``).
     """
-    first = stack.__dict__.get(BLOCK0)
-    layer = wrap_layer(layer_cls(cfg, first), cfg)
-    stack.__dict__.setdefault(BLOCK0, layer)
+    built = stack.__dict__.setdefault(BLOCKS, [])
+    block_routes = routes(len(built), num_layers, cfg.widenet_routing_groups)
+    layer = wrap_layer(layer_cls(cfg, built[0] if built else None, block_routes), cfg)
+    built.append(layer)
     return layer
 
 
@@ -233,13 +244,15 @@ class RoutingGroups:
     auxiliary outputs of one forward pass as return values (no module state)."""
 
     def __init__(self, num_layers: int, groups: int):
-        self.group_size = num_layers // groups if groups else 1
+        self.num_layers, self.groups = num_layers, groups
         self.routing: Optional[Routing] = None
         self.aux: Dict[str, List[Tensor]] = {key: [] for key in MOE_KEYS}
 
     def for_layer(self, index: int) -> tuple:
         """The routing fields block ``index`` reuses (``()``: it routes)."""
-        return () if index % self.group_size == 0 or self.routing is None else self.routing.as_tuple()
+        if routes(index, self.num_layers, self.groups) or self.routing is None:
+            return ()
+        return self.routing.as_tuple()
 
     def record(self, fields: tuple, reused: bool):
         """Keep a fresh routing for the rest of its group and record its statistics once."""
@@ -258,11 +271,11 @@ class WideNetEncoder(LayerLoopEncoder):
 
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
-        del self.__dict__[BLOCK0]
+        del self.__dict__[BLOCKS]
         self.routing_groups = cfg.widenet_routing_groups
 
     def build_encoder_layer(self, cfg):
-        return build_block(self, WideNetEncoderLayer, cfg)
+        return build_block(self, WideNetEncoderLayer, cfg, cfg.encoder.layers)
 
     def run_layers(self, x, padding_mask, states, src_tokens):
         groups = RoutingGroups(len(self.layers), self.routing_groups)
@@ -281,11 +294,11 @@ class WideNetDecoder(LayerLoopDecoder):
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        del self.__dict__[BLOCK0]
+        del self.__dict__[BLOCKS]
         self.routing_groups = cfg.widenet_routing_groups
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return build_block(self, WideNetDecoderLayer, cfg)
+        return build_block(self, WideNetDecoderLayer, cfg, cfg.decoder.layers)
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                    self_attn_padding_mask, padding_mask, inner_states, encoder_aux):

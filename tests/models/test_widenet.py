@@ -158,3 +158,19 @@ def test_moe_criterion_end_to_end_logs_every_term(multi30k_bin, tmp_path):
     line = [ln for ln in log.splitlines() if "| train |" in ln][-1]
     for key in ("ce_loss", "nll_loss", "moe_balance_loss", "moe_dropped", "moe_load_cv"):
         assert f"{key} " in line, line
+
+
+def test_router_per_block_with_routing_groups_gives_routers_to_routing_blocks_only():
+    """A block that reuses its group's routing never calls a router: it owns none (DDP without
+    unused-parameter search would stop on it), and every parameter gets a gradient."""
+    model = make_model("--widenet-router-per-block", "--widenet-routing-groups", "1", "--encoder-layers", "4",
+                       "--decoder-layers", "2")
+    assert len({id(layer.moe.router) for layer in model.encoder.layers}) == 1
+    grouped = make_model("--widenet-router-per-block", "--widenet-routing-groups", "2", "--encoder-layers", "4",
+                         "--decoder-layers", "2")
+    routers = [id(layer.moe.router) for layer in grouped.encoder.layers]
+    assert routers[0] != routers[2] and routers[1] == routers[3] == routers[0]  # 1 and 3 hold block 0's MoE
+    src, lengths, prev = batch()
+    logits, extra = grouped(src, lengths, prev)
+    (logits.mean() + torch.stack(extra["moe_balance_loss"]).sum()).backward()
+    assert [name for name, p in grouped.named_parameters() if p.grad is None] == []
