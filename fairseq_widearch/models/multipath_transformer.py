@@ -67,10 +67,11 @@ class MultiPathTransformerConfig(TransformerConfig):
 _MULTIPATH_DEFAULTS = added_defaults(MultiPathTransformerConfig)
 
 
-def _fusion(cfg, num_paths: int) -> PathFusion:
+def _fusion(cfg, side, num_paths: int) -> PathFusion:
+    """Eq. 4's fusion for a sub-layer of ``side`` (``cfg.encoder`` or ``cfg.decoder``)."""
     return PathFusion(
         num_paths,
-        cfg.encoder.embed_dim,
+        side.embed_dim,
         path_norm=not cfg.no_path_norm,
         path_weights=cfg.path_weights,
         alpha_init=cfg.path_alpha_init,
@@ -91,8 +92,8 @@ class MultiPathEncoderLayer(EncoderLayer):
         super().__init__()
         n, d = cfg.encoder_paths, cfg.encoder.embed_dim
         attn = MultiPathAttention(n, d, cfg.encoder.attention_heads, dropout=cfg.attention_dropout)
-        self.self_attn = MultiPathSublayer(d, attn, _fusion(cfg, n))
-        self.ffn = MultiPathSublayer(d, _ffn(cfg, cfg.encoder, n), _fusion(cfg, n))
+        self.self_attn = MultiPathSublayer(d, attn, _fusion(cfg, cfg.encoder, n))
+        self.ffn = MultiPathSublayer(d, _ffn(cfg, cfg.encoder, n), _fusion(cfg, cfg.encoder, n))
 
     def forward(self, x, encoder_padding_mask=None):
         """x ``(src_len, batch, C)``, encoder_padding_mask ``(batch, src_len)`` -> ``(src_len, batch, C)``."""
@@ -112,14 +113,14 @@ class MultiPathDecoderLayer(nn.Module):
         super().__init__()
         n, d, heads = cfg.decoder_paths, cfg.decoder.embed_dim, cfg.decoder.attention_heads
         self.self_attn = MultiPathSublayer(
-            d, MultiPathAttention(n, d, heads, dropout=cfg.attention_dropout), _fusion(cfg, n)
+            d, MultiPathAttention(n, d, heads, dropout=cfg.attention_dropout), _fusion(cfg, cfg.decoder, n)
         )
         self.encoder_attn = None
         if not no_encoder_attn:
             cross = MultiPathAttention(n, d, heads, kdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
                                        self_attention=False)
-            self.encoder_attn = MultiPathSublayer(d, cross, _fusion(cfg, n))
-        self.ffn = MultiPathSublayer(d, _ffn(cfg, cfg.decoder, n), _fusion(cfg, n))
+            self.encoder_attn = MultiPathSublayer(d, cross, _fusion(cfg, cfg.decoder, n))
+        self.ffn = MultiPathSublayer(d, _ffn(cfg, cfg.decoder, n), _fusion(cfg, cfg.decoder, n))
 
     def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
                 prev_self_attn_state=None, prev_attn_state=None, self_attn_mask=None,

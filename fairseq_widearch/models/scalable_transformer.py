@@ -295,6 +295,14 @@ def validate_scalable_config(args):
     require(all(0 < d <= width and d % HEAD_DIM == 0 for d in dims),
             f"--exported-layer-widths {args.exported_layer_widths!r}: widths must be multiples of {HEAD_DIM} in "
             f"(0, {width}]")
+    # FFN hidden 4·D and D / 64 heads follow from the widths: a different value would be ignored
+    built = args.exported_width if args.exported_width and not args.exported_layer_widths else width
+    for side in ("encoder", "decoder"):
+        for name, derived in ((f"{side}_ffn_embed_dim", 4 * built), (f"{side}_attention_heads", built // HEAD_DIM)):
+            require(getattr(args, name) == derived,
+                    f"scalable_transformer derives the FFN size and the heads from the widths (Gao et al. 2021, Sec. "
+                    f"3.2: FFN 4·D and D / {HEAD_DIM} heads at width D): --{name.replace('_', '-')} must be "
+                    f"{derived} at M_max = {built} (leave it out), got {getattr(args, name)}")
     if args.width_dropout:
         try:
             width_dropout(args, width)

@@ -70,6 +70,7 @@ class MultiPathAttention(nn.Module):
         else:
             self.q_proj = nn.Linear(embed_dim, width)
             self.kv_proj = nn.Linear(kdim or embed_dim, 2 * width)
+            gain = gain if kdim in (None, embed_dim) else 1.0  # fairseq: 1/√2 only when Q, K, V widths agree
             _xavier_blocks_(self.q_proj.weight, embed_dim, gain)
             _xavier_blocks_(self.kv_proj.weight, embed_dim, gain)
         self.out_proj = BatchedLinear(num_paths, embed_dim, embed_dim, xavier_gain=1.0)

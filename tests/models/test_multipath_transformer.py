@@ -273,3 +273,14 @@ def test_loss_decreases_on_real_data(multi30k_bin, tmp_path):
     losses = [float(m) for m in re.findall(r"\| INFO \| train_inner \|.* loss=([\d.]+)", log)]
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
+
+
+def test_decoder_wider_than_the_encoder():
+    """Decoder sub-layers fuse at the decoder's width; cross-attention reads the encoder's."""
+    torch.manual_seed(0)
+    model = make_model(decoder_embed_dim=48, decoder_ffn_embed_dim=96, dropout=0.1).train()
+    src, prev = torch.randint(4, 40, (2, 5)), torch.randint(4, 40, (2, 4))
+    logits, _ = model(src, torch.tensor([5, 5]), prev)
+    assert logits.shape == (2, 4, 40)
+    logits.log_softmax(-1).mean().backward()
+    assert all(p.grad is not None for p in model.parameters())

@@ -76,6 +76,11 @@ def test_io_cropping_variant_runs_at_a_narrow_width():
     (["--scalable-widths", "64,x"], "--scalable-widths must be comma-separated integers, got '64,x'"),
     (["--exported-width", "192"], "--exported-width 192 must be a multiple of 64 in \\(0, 128\\]"),
     (["--exported-layer-widths", "64,64"], "--exported-layer-widths '64,64' needs 4 widths"),
+    # sizes the widths decide (FFN 4·D, D / 64 heads) are refused, not silently ignored
+    (["--encoder-ffn-embed-dim", "256"], "--encoder-ffn-embed-dim must be 512 at M_max = 128 \\(leave it out\\), got 256"),
+    (["--decoder-ffn-embed-dim", "1024"], "--decoder-ffn-embed-dim must be 512"),
+    (["--encoder-attention-heads", "4"], "--encoder-attention-heads must be 2 at M_max = 128"),
+    (["--decoder-attention-heads", "8"], "--decoder-attention-heads must be 2"),
 ])
 def test_invalid_width_flags_fail_at_build_naming_the_flag(argv, message):
     with pytest.raises(ValueError, match=message):
