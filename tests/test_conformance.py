@@ -1,4 +1,5 @@
 """Conformance suite: every architecture the plugin registers, through its `_tiny` preset."""
+import re
 
 import pytest
 import torch
@@ -112,10 +113,14 @@ def test_train_then_generate_on_real_data(arch, multi30k_bin, tmp_path):
     assert "num_updates 4" in log
     gen = run([fairseq_cli("generate"), multi30k_bin, "--user-dir", "fairseq_widearch", "--path",
                save / "checkpoint_last.pt", "--gen-subset", "valid", "--max-sentences", "16", "--beam", "3",
-               "--max-len-b", "10", "--cpu", "--remove-bpe"], cwd=REPO).stdout
+               "--max-len-b", "10", "--cpu", "--remove-bpe", "--print-alignment"], cwd=REPO).stdout
     hyps = [line for line in gen.splitlines() if line.startswith("H-")]
     sources = [line for line in gen.splitlines() if line.startswith("S-")]
-    assert len(hyps) == len(sources) > 1000
+    assert len(hyps) == len(sources) == 1014  # every sentence of Multi30k val
+    # --print-alignment: one hard alignment (source-target index pairs) per hypothesis
+    alignments = re.findall(r"^A-\d+\t(.*)$", gen, re.M)
+    assert len(alignments) == 1014 and all(re.fullmatch(r"(\d+-\d+ ?)+", a) for a in alignments if a)
+    assert sum(bool(a) for a in alignments) > 1000
     models, cfg = checkpoint_utils.load_model_ensemble([str(save / "checkpoint_last.pt")])
     assert cfg.model.arch == arch and type(models[0]).__module__.startswith("fairseq_widearch")
 
@@ -166,3 +171,25 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(arch, flag):
     assert torch.equal(loss, loss_ckpt)
     for name, grad in grads.items():
         torch.testing.assert_close(grads_ckpt[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_alignment_is_the_cross_attention_of_the_alignment_layer(arch):
+    """As fairseq's decoder: ``extra["attn"]`` holds the cross-attention weights of
+    ``alignment_layer`` (default the last) averaged over its first ``alignment_heads`` heads,
+    ``(B, tgt_len, src_len)``, rows summing to 1 and zero on source padding, in training too."""
+    torch.manual_seed(0)
+    model = build_model(arch, ["--dropout", "0.1"], vocab_size=VOCAB).train()
+    src, lengths, prev = batch()
+    attn = model(src, lengths, prev)[1]["attn"][0]
+    assert attn.shape == (*prev.shape, src.size(1))
+    model.eval()
+    with torch.no_grad():
+        last = model(src, lengths, prev)[1]["attn"][0]
+        explicit = model(src, lengths, prev, alignment_layer=model.decoder.num_layers - 1)[1]["attn"][0]
+        first = model(src, lengths, prev, alignment_layer=0)[1]["attn"][0]
+        one_head = model(src, lengths, prev, alignment_heads=1)[1]["attn"][0]
+    torch.testing.assert_close(last.sum(-1), torch.ones(prev.shape))
+    assert (last[0, :, :2] == 0).all()  # sentence 0 has two padding positions on the left
+    assert torch.equal(last, explicit)
+    assert not torch.allclose(first, last) and not torch.allclose(one_head, last)

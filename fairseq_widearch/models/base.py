@@ -39,6 +39,12 @@ def wrap_layer(layer: torch.nn.Module, cfg) -> torch.nn.Module:
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
 
+def alignment_weights(attn: Optional[Tensor]) -> Dict[str, List[Tensor]]:
+    """A decoder layer's cross-attention weights ``(heads, B, T, S)`` as the auxiliary output
+    ``attn`` of :meth:`LayerLoopDecoder.run_layers` (nothing when the layer returned none)."""
+    return {} if attn is None else {"attn": [attn]}
+
+
 #: Keys of fairseq's own ``encoder_out``; any other key is an auxiliary output of the model.
 FAIRSEQ_ENCODER_OUT_KEYS = {"encoder_out", "encoder_padding_mask", "encoder_embedding", "encoder_states",
                             "fc_results", "src_tokens", "src_lengths"}
@@ -151,11 +157,13 @@ class LayerLoopDecoder(TransformerDecoderBase):
 
     def run_layers(self, x: Tensor, encoder_out: Optional[Tensor], encoder_padding_mask: Optional[Tensor],
                    incremental_state, self_attn_mask: Optional[Tensor], self_attn_padding_mask: Optional[Tensor],
-                   padding_mask: Tensor, inner_states: List[Optional[Tensor]], encoder_aux: Dict[str, List[Tensor]]
-                   ) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
+                   padding_mask: Tensor, inner_states: List[Optional[Tensor]], encoder_aux: Dict[str, List[Tensor]],
+                   alignment_layer: int) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
         """x ``(tgt_len, B, C)``; padding_mask ``(B, tgt_len)`` marks padding tokens (also when
         ``self_attn_padding_mask`` is None); appends each layer's output to ``inner_states``;
-        ``encoder_aux`` holds the encoder's auxiliary outputs (e.g. each sentence's language pair)."""
+        ``encoder_aux`` holds the encoder's auxiliary outputs (e.g. each sentence's language pair).
+        The auxiliary outputs include ``attn``: the cross-attention weights ``(heads, B, tgt_len,
+        src_len)`` of layer ``alignment_layer`` (:func:`alignment_weights`)."""
         raise NotImplementedError
 
     def embed(self, prev_output_tokens, incremental_state):
@@ -178,7 +186,12 @@ class LayerLoopDecoder(TransformerDecoderBase):
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                                     incremental_state=None, full_context_alignment: bool = False,
                                     alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        """Returns ``(features (B, tgt_len, C), extra)``; no attention weights (no alignment)."""
+        """Returns ``(features (B, tgt_len, C), extra)``; ``extra["attn"]`` holds the alignment as
+        fairseq's decoder computes it: the cross-attention weights of layer ``alignment_layer``
+        (default the last), averaged over its first ``alignment_heads`` heads (default all),
+        ``(B, tgt_len, src_len)``."""
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
         enc = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
         enc_mask = (encoder_out["encoder_padding_mask"][0]
                     if encoder_out and encoder_out["encoder_padding_mask"] else None)
@@ -189,10 +202,13 @@ class LayerLoopDecoder(TransformerDecoderBase):
         inner_states: List[Optional[Tensor]] = [x]
         encoder_aux = {k: v for k, v in encoder_out.items() if k not in FAIRSEQ_ENCODER_OUT_KEYS} if encoder_out else {}
         x, aux = self.run_layers(x, enc, enc_mask, incremental_state, self_attn_mask, self_attn_padding_mask,
-                                 padding_mask, inner_states, encoder_aux)
+                                 padding_mask, inner_states, encoder_aux, alignment_layer)
+        attn = aux.pop("attn", [None])[0]
+        if attn is not None:  # (heads, B, T, S) -> (B, T, S)
+            attn = attn.float().to(x)[:alignment_heads].mean(dim=0)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
-        return x, {"attn": [None], "inner_states": inner_states, **aux}
+        return x, {"attn": [attn], "inner_states": inner_states, **aux}

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..modules.language_pair import LanguagePairIndex
 from ..modules.layer_select import INFERENCE_MODES, LayerSelect
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, wrap_layer
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import require, validate_transformer_sizes
 
@@ -101,18 +101,20 @@ class LatentDecoderLayer(TransformerDecoderLayerBase):
     """fairseq's pre-norm decoder layer with its three residual branches scaled by z_l (Eq. 2)."""
 
     def forward(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                self_attn_padding_mask, z: Tensor):
-        """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)``, z scalar or ``(B, 1)`` -> ``(tgt_len, B, C)``."""
+                self_attn_padding_mask, need_head_weights: bool, z: Tensor):
+        """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)``, z scalar or ``(B, 1)`` -> ``(x (tgt_len, B,
+        C), cross-attention weights (heads, B, tgt_len, src_len) if need_head_weights else None)``."""
         h = self.self_attn_layer_norm(x)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
                               incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
         x = x + z * self.dropout_module(h)
         h = self.encoder_attn_layer_norm(x)
-        h, _ = self.encoder_attn(query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
-                                 incremental_state=incremental_state, static_kv=True, need_weights=False)
+        h, attn = self.encoder_attn(query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
+                                    incremental_state=incremental_state, static_kv=True,
+                                    need_weights=need_head_weights, need_head_weights=need_head_weights)
         x = x + z * self.dropout_module(h)
         h = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x)))))
-        return x + z * self.dropout_module(h)
+        return x + z * self.dropout_module(h), attn
 
 
 def _skipped(select: LayerSelect, weight: Tensor) -> bool:
@@ -121,17 +123,28 @@ def _skipped(select: LayerSelect, weight: Tensor) -> bool:
 
 
 def run_latent_layers(layers, select: Optional[LayerSelect], pair: Optional[Tensor], stack: str, x: Tensor,
-                      states: Optional[List], *layer_args) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
+                      states: Optional[List], *layer_args, alignment_layer: Optional[int] = None
+                      ) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
     """``x ← layer(x, *layer_args, z_l)`` for each layer (z = 1 for a static stack), appending each
-    output to ``states``; returns x and the stack's auxiliary outputs."""
+    output to ``states``; returns x and the stack's auxiliary outputs. Decoder layers (given an
+    ``alignment_layer``) also return their cross-attention weights: those of the alignment layer,
+    or, if hard selection skips it, of the last computed layer before it (``attn``)."""
     if select is None:
         weights, aux = [1.0] * len(layers), {}
     else:
         z = select()
         weights, aux = select.layer_weights(z, pair), select.outputs(stack, z)
-    for layer, weight in zip(layers, weights):
-        if select is None or not _skipped(select, weight):
-            x = layer(x, *layer_args, weight if select is None else weight.to(x.dtype))
+    computed = [i for i, weight in enumerate(weights) if select is None or not _skipped(select, weight)]
+    if alignment_layer is not None:
+        alignment_layer = max([i for i in computed if i <= alignment_layer] or computed[:1] or [-1])
+    for i, (layer, weight) in enumerate(zip(layers, weights)):
+        if i in computed:
+            z_l = weight if select is None else weight.to(x.dtype)
+            if alignment_layer is None:
+                x = layer(x, *layer_args, z_l)
+            else:
+                x, attn = layer(x, *layer_args, i == alignment_layer, z_l)
+                aux.update(alignment_weights(attn))
         if states is not None:
             states.append(x)
     return x, aux
@@ -175,10 +188,11 @@ class LatentDepthDecoder(LayerLoopDecoder):
         return wrap_layer(LatentDecoderLayer(cfg, no_encoder_attn), cfg)
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux):
+                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux, alignment_layer):
         pair = encoder_aux["latent_pair"][0] if "latent_pair" in encoder_aux else None
         return run_latent_layers(self.layers, self.layer_select, pair, "decoder", x, inner_states, encoder_out,
-                                 encoder_padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask)
+                                 encoder_padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask,
+                                 alignment_layer=alignment_layer)
 
 
 def configure_language_pairs(args, task):

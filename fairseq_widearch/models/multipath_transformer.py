@@ -27,6 +27,7 @@ from ..modules.multi_path import (
     ALPHA_INIT,
     PATH_WEIGHTS,
     MultiPathAttention,
+    MultiPathAttentionSublayer,
     MultiPathFFN,
     MultiPathSublayer,
     PathFusion,
@@ -92,12 +93,12 @@ class MultiPathEncoderLayer(EncoderLayer):
         super().__init__()
         n, d = cfg.encoder_paths, cfg.encoder.embed_dim
         attn = MultiPathAttention(n, d, cfg.encoder.attention_heads, dropout=cfg.attention_dropout)
-        self.self_attn = MultiPathSublayer(d, attn, _fusion(cfg, cfg.encoder, n))
+        self.self_attn = MultiPathAttentionSublayer(d, attn, _fusion(cfg, cfg.encoder, n))
         self.ffn = MultiPathSublayer(d, _ffn(cfg, cfg.encoder, n), _fusion(cfg, cfg.encoder, n))
 
     def forward(self, x, encoder_padding_mask=None):
         """x ``(src_len, batch, C)``, encoder_padding_mask ``(batch, src_len)`` -> ``(src_len, batch, C)``."""
-        x = self.self_attn(x, key_padding_mask=encoder_padding_mask)
+        x, _ = self.self_attn(x, key_padding_mask=encoder_padding_mask)
         return self.ffn(x)
 
 
@@ -106,32 +107,38 @@ class MultiPathDecoderLayer(nn.Module):
     encoder-decoder attention (each path with its own K/V cache) and FFN.
 
     Follows the call signature of fairseq's ``TransformerDecoderLayerBase.forward`` and returns
-    ``(x, None, None)`` (no attention weights: the paths' heads are not averaged into one alignment).
+    ``(x, attn, None)`` like it: with ``need_head_weights`` the cross-attention weights of each head
+    ``(H, B, T, S)``, averaged over the paths; with ``need_attn`` alone also averaged over the
+    heads ``(B, T, S)``; else None.
     """
 
     def __init__(self, cfg, no_encoder_attn=False):
         super().__init__()
         n, d, heads = cfg.decoder_paths, cfg.decoder.embed_dim, cfg.decoder.attention_heads
-        self.self_attn = MultiPathSublayer(
+        self.self_attn = MultiPathAttentionSublayer(
             d, MultiPathAttention(n, d, heads, dropout=cfg.attention_dropout), _fusion(cfg, cfg.decoder, n)
         )
         self.encoder_attn = None
         if not no_encoder_attn:
             cross = MultiPathAttention(n, d, heads, kdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
                                        self_attention=False)
-            self.encoder_attn = MultiPathSublayer(d, cross, _fusion(cfg, cfg.decoder, n))
+            self.encoder_attn = MultiPathAttentionSublayer(d, cross, _fusion(cfg, cfg.decoder, n))
         self.ffn = MultiPathSublayer(d, _ffn(cfg, cfg.decoder, n), _fusion(cfg, cfg.decoder, n))
 
     def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
                 prev_self_attn_state=None, prev_attn_state=None, self_attn_mask=None,
                 self_attn_padding_mask=None, need_attn=False, need_head_weights=False):
         """x ``(tgt_len, batch, C)``; encoder_out ``(src_len, batch, C)``; masks as in fairseq."""
-        x = self.self_attn(x, key_padding_mask=self_attn_padding_mask, attn_mask=self_attn_mask,
-                           incremental_state=incremental_state)
+        x, _ = self.self_attn(x, key_padding_mask=self_attn_padding_mask, attn_mask=self_attn_mask,
+                              incremental_state=incremental_state)
+        attn = None
         if self.encoder_attn is not None:
-            x = self.encoder_attn(x, key=encoder_out, key_padding_mask=encoder_padding_mask,
-                                  incremental_state=incremental_state)
-        return self.ffn(x), None, None
+            x, attn = self.encoder_attn(x, key=encoder_out, key_padding_mask=encoder_padding_mask,
+                                        incremental_state=incremental_state,
+                                        need_head_weights=need_attn or need_head_weights)
+            if attn is not None and not need_head_weights:
+                attn = attn.mean(dim=0)
+        return self.ffn(x), attn, None
 
 
 class MultiPathTransformerEncoder(TransformerEncoderBase):

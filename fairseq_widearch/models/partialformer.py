@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.partial_attention import GATE_ACTIVATIONS, GlobalAttentionLogits, PartialAttention, PGFFN
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, wrap_layer
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import require, require_positive
 
@@ -121,8 +121,8 @@ class PartialEncoderLayer(EncoderLayer):
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor], global_logits: Optional[Tensor]) -> Tensor:
         """x ``(src_len, B, d)``, padding_mask ``(B, src_len)``, A^G ``(B, H, src_len, src_len)``."""
-        h = self.self_attn_layer_norm(x)
-        return x + self.dropout_module(self.self_attn(h, key_padding_mask=padding_mask, global_logits=global_logits))
+        h, _ = self.self_attn(self.self_attn_layer_norm(x), key_padding_mask=padding_mask, global_logits=global_logits)
+        return x + self.dropout_module(h)
 
 
 class PartialDecoderLayer(EncoderLayer):
@@ -137,14 +137,17 @@ class PartialDecoderLayer(EncoderLayer):
         self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
 
     def forward(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                self_attn_padding_mask, global_self: Optional[Tensor], global_cross: Optional[Tensor]):
-        """x ``(tgt_len, B, d)``, encoder_out ``(src_len, B, d_enc)``, A^G maps ``(B, H, tgt_len, ·)``."""
-        h = self.self_attn(self.self_attn_layer_norm(x), key_padding_mask=self_attn_padding_mask,
-                           attn_mask=self_attn_mask, global_logits=global_self, incremental_state=incremental_state)
+                self_attn_padding_mask, global_self: Optional[Tensor], global_cross: Optional[Tensor],
+                need_head_weights: bool = False):
+        """x ``(tgt_len, B, d)``, encoder_out ``(src_len, B, d_enc)``, A^G maps ``(B, H, tgt_len, ·)`` ->
+        ``(x, Cross-AFFN attention weights (H, B, tgt_len, src_len) if need_head_weights else None)``."""
+        h, _ = self.self_attn(self.self_attn_layer_norm(x), key_padding_mask=self_attn_padding_mask,
+                              attn_mask=self_attn_mask, global_logits=global_self, incremental_state=incremental_state)
         x = x + self.dropout_module(h)
-        h = self.encoder_attn(self.encoder_attn_layer_norm(x), encoder_out, key_padding_mask=encoder_padding_mask,
-                              global_logits=global_cross, incremental_state=incremental_state)
-        return x + self.dropout_module(h)
+        h, attn = self.encoder_attn(self.encoder_attn_layer_norm(x), encoder_out, key_padding_mask=encoder_padding_mask,
+                                    global_logits=global_cross, incremental_state=incremental_state,
+                                    need_head_weights=need_head_weights)
+        return x + self.dropout_module(h), attn
 
 
 def _cross_global(cfg) -> bool:
@@ -195,16 +198,18 @@ class PartialFormerDecoder(LayerLoopDecoder):
         return wrap_layer(PartialDecoderLayer(cfg), cfg)
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux):
+                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux, alignment_layer):
         global_self = self.global_self(x, incremental_state=incremental_state) if self.global_self else None
         global_cross = None
         if self.global_cross is not None:
             global_cross = self.global_cross(x, encoder_aux["source_embedding"][0], incremental_state)
-        for layer in self.layers:
-            x = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask,
-                      global_self, global_cross)
+        aux = {}
+        for i, layer in enumerate(self.layers):
+            x, attn = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                            self_attn_padding_mask, global_self, global_cross, i == alignment_layer)
+            aux.update(alignment_weights(attn))
             inner_states.append(x)
-        return x, {}
+        return x, aux
 
 
 def validate_partialformer_config(args):

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.slimmable import HEAD_DIM, SlimmableAttention, SlimmableLayerNorm, SlimmableLinear
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, wrap_layer
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
 from .presets import set_defaults
 from .validation import require
 
@@ -144,24 +144,29 @@ class ScalableLayer(EncoderLayer):
         cropped.update(crop_norm("final_layer_norm", self.final_layer_norm, width))
         return cropped
 
-    def _sublayer(self, x: Tensor, norm, fn) -> Tensor:
-        h = fn(norm(x) if self.normalize_before else x)
+    def _sublayer(self, x: Tensor, norm, fn) -> Tuple[Tensor, Optional[Tensor]]:
+        """Pre-norm ``x + fn(LN(x))`` or post-norm ``LN(x + fn(x))``; ``fn`` returns ``(h, weights)``."""
+        h, weights = fn(norm(x) if self.normalize_before else x)
         x = x + self.dropout_module(h)
-        return x if self.normalize_before else norm(x)
+        return (x if self.normalize_before else norm(x)), weights
 
-    def _ffn(self, x: Tensor) -> Tensor:
-        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))), x.size(-1))
+    def _ffn(self, x: Tensor) -> Tuple[Tensor, None]:
+        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))), x.size(-1)), None
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor], encoder_out: Optional[Tensor] = None,
                 encoder_padding_mask: Optional[Tensor] = None, incremental_state=None,
-                self_attn_mask: Optional[Tensor] = None) -> Tensor:
-        """x ``(T, B, C)``; padding_mask ``(B, T)``; encoder_out ``(S, B, C)`` for a decoder layer."""
-        x = self._sublayer(x, self.self_attn_layer_norm, lambda h: self.self_attn(
+                self_attn_mask: Optional[Tensor] = None, need_head_weights: bool = False
+                ) -> Tuple[Tensor, Optional[Tensor]]:
+        """x ``(T, B, C)``; padding_mask ``(B, T)``; encoder_out ``(S, B, C)`` for a decoder layer ->
+        ``(x, cross-attention weights (heads, B, T, S) if need_head_weights, else None)``."""
+        x, _ = self._sublayer(x, self.self_attn_layer_norm, lambda h: self.self_attn(
             h, key_padding_mask=padding_mask, attn_mask=self_attn_mask, incremental_state=incremental_state))
+        attn = None
         if self.encoder_attn is not None:
-            x = self._sublayer(x, self.encoder_attn_layer_norm, lambda h: self.encoder_attn(
-                h, encoder_out, key_padding_mask=encoder_padding_mask, incremental_state=incremental_state))
-        return self._sublayer(x, self.final_layer_norm, self._ffn)
+            x, attn = self._sublayer(x, self.encoder_attn_layer_norm, lambda h: self.encoder_attn(
+                h, encoder_out, key_padding_mask=encoder_padding_mask, incremental_state=incremental_state,
+                need_head_weights=need_head_weights))
+        return self._sublayer(x, self.final_layer_norm, self._ffn)[0], attn
 
 
 class WidthSelection:
@@ -223,7 +228,7 @@ class ScalableEncoder(WidthSelection, LayerLoopEncoder):
         x = self.project_in(x)
         mask = padding_mask if padding_mask.any() else None
         for layer in self.layers:
-            x = layer(x, mask)
+            x, _ = layer(x, mask)
             if states is not None:
                 states.append(x)
         return x, {}
@@ -260,12 +265,15 @@ class ScalableDecoder(WidthSelection, LayerLoopDecoder):
         return self.embed_tokens.embedding_dim
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux):
+                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux, alignment_layer):
         x = self.project_in(x)
-        for layer in self.layers:
-            x = layer(x, self_attn_padding_mask, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask)
+        aux = {}
+        for i, layer in enumerate(self.layers):
+            x, attn = layer(x, self_attn_padding_mask, encoder_out, encoder_padding_mask, incremental_state,
+                            self_attn_mask, i == alignment_layer)
+            aux.update(alignment_weights(attn))
             inner_states.append(x)
-        return x, {}
+        return x, aux
 
 
 def _parsed(flag: str, text: str, parse):

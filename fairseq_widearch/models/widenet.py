@@ -30,7 +30,7 @@ from torch import Tensor
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.moe import Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, wrap_layer
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import require, require_positive, validate_transformer_sizes
 
@@ -201,18 +201,21 @@ class WideNetDecoderLayer(nn.Module, MoESublayer):
         self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
 
     def forward(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                self_attn_padding_mask, *reused):
+                self_attn_padding_mask, need_head_weights: bool, *reused):
         """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)``, ``reused`` as in
-        :meth:`WideNetEncoderLayer.forward` -> ``(x, *fields of this block's routing)``."""
+        :meth:`WideNetEncoderLayer.forward` -> ``(x, cross-attention weights (heads, B, tgt_len,
+        src_len) if need_head_weights else None, *fields of this block's routing)``."""
         h = self.self_attn_layer_norm(x)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
                               incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
         x = x + self.dropout_module(h)
         h = self.encoder_attn_layer_norm(x)
-        h, _ = self.encoder_attn(query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
-                                 incremental_state=incremental_state, static_kv=True, need_weights=False)
+        h, attn = self.encoder_attn(query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
+                                    incremental_state=incremental_state, static_kv=True,
+                                    need_weights=need_head_weights, need_head_weights=need_head_weights)
         x = x + self.dropout_module(h)
-        return self.moe_sublayer(x, self_attn_padding_mask, reused)
+        x, *routing = self.moe_sublayer(x, self_attn_padding_mask, reused)
+        return (x, attn, *routing)
 
 
 BLOCKS = "_widenet_blocks"
@@ -301,15 +304,16 @@ class WideNetDecoder(LayerLoopDecoder):
         return build_block(self, WideNetDecoderLayer, cfg, cfg.decoder.layers)
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux):
-        groups = RoutingGroups(len(self.layers), self.routing_groups)
+                   self_attn_padding_mask, padding_mask, inner_states, encoder_aux, alignment_layer):
+        groups, aux = RoutingGroups(len(self.layers), self.routing_groups), {}
         for i, layer in enumerate(self.layers):
             reuse = groups.for_layer(i)
-            x, *routing = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                                self_attn_padding_mask, *reuse)
+            x, attn, *routing = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                                      self_attn_padding_mask, i == alignment_layer, *reuse)
             groups.record(routing, reused=bool(reuse))
+            aux.update(alignment_weights(attn))
             inner_states.append(x)
-        return x, groups.aux
+        return x, {**groups.aux, **aux}
 
 
 def validate_widenet_config(args):

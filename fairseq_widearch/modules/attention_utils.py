@@ -1,9 +1,13 @@
 """What the plugin's own attention modules share: fairseq-style decoding caches of per-head keys
-and values ``(B, heads, S, head_dim)``, and additive masks for ``F.scaled_dot_product_attention``.
-The modules are decorated with fairseq's ``with_incremental_state``."""
+and values ``(B, heads, S, head_dim)``, additive masks for ``F.scaled_dot_product_attention``, and
+the attention itself with its weights when asked for (alignments, as fairseq's
+``MultiheadAttention(need_head_weights=True)`` returns them). The modules are decorated with
+fairseq's ``with_incremental_state``."""
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
+from fairseq import utils
 from torch import Tensor
 
 Cache = Dict[str, Tensor]
@@ -73,3 +77,35 @@ def additive_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor
         attn_mask = attn_mask.to(dtype)[None, None]
         mask = attn_mask if mask is None else mask + attn_mask
     return mask
+
+
+def softmax_attention(logits: Tensor, v: Tensor, dropout_p: float) -> Tuple[Tensor, Tensor]:
+    """``(dropout(softmax(logits)) v, softmax(logits))`` per head; logits ``(B, h, T, S)`` already
+    scaled and masked, v ``(B, h, S, d)``. The softmax runs in fp32 (fairseq's ``utils.softmax``);
+    a query whose keys are all masked (a padding position) gets zero weights, as
+    ``F.scaled_dot_product_attention`` gives it, not NaN. Returns the output ``(B, h, T, d)`` and
+    the probabilities ``(B, h, T, S)`` before dropout."""
+    probs = utils.softmax(logits, dim=-1).nan_to_num(0.0).type_as(v)
+    return F.dropout(probs, dropout_p) @ v, probs
+
+
+def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float,
+                          need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    """softmax(q kᵀ / √d + mask) v per head (Vaswani et al. 2017, Eq. 1): q ``(B, h, T, d)``, k and v
+    ``(B, h, S, d)``, mask additive, broadcastable to ``(B, h, T, S)``; ``dropout_p`` on the
+    probabilities (pass 0 at inference). One fused ``F.scaled_dot_product_attention`` unless
+    ``need_weights``, which computes the same explicitly and also returns the probabilities
+    ``(B, h, T, S)`` (else None)."""
+    if not need_weights:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+    logits = (q * q.size(-1) ** -0.5) @ k.transpose(-1, -2)
+    return softmax_attention(logits if mask is None else logits + mask, v, dropout_p)
+
+
+def head_weights(probs: Optional[Tensor], num_groups: int = 1) -> Optional[Tensor]:
+    """Attention probabilities ``(B, g·h, T, S)`` -> fairseq's per-head alignment weights
+    ``(h, B, T, S)``, averaged over the ``num_groups`` groups of h heads (multi-path: the paths)."""
+    if probs is None:
+        return None
+    B, heads, T, S = probs.shape
+    return probs.view(B, num_groups, heads // num_groups, T, S).mean(1).transpose(0, 1)

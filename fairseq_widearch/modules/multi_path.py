@@ -10,7 +10,7 @@ The paths are batched, never looped over: the n attentions run as one attention 
 and one fused projection; the n FFNs as one wide first projection and one batched second one.
 """
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -21,7 +21,14 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
-from .attention_utils import additive_mask, append_to_cache, reorder_cache, static_cache
+from .attention_utils import (
+    additive_mask,
+    append_to_cache,
+    dot_product_attention,
+    head_weights,
+    reorder_cache,
+    static_cache,
+)
 from .batched_linear import BatchedLinear
 from .path_norm import FeatureGroups, PathNorm, weighted_feature_sum
 
@@ -86,7 +93,8 @@ class MultiPathAttention(nn.Module):
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None,
-                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None) -> Tensor:
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """
         Args:
             query: ``(T, B, C)`` (already layer-normalised).
@@ -96,8 +104,11 @@ class MultiPathAttention(nn.Module):
             attn_mask: ``(T, S)`` additive float mask (fairseq's causal mask, -inf above the diagonal).
             incremental_state: fairseq's decoding cache; self-attention appends this step's keys and
                 values, encoder-decoder attention projects the encoder output once.
+            need_head_weights: also return the attention probabilities (alignments).
         Returns:
-            ``(n, T, B, C)``: every path's output (Func_i(LN(X)) of Eq. 6).
+            ``(n, T, B, C)``: every path's output (Func_i(LN(X)) of Eq. 6); and with
+            ``need_head_weights`` the probabilities of head h averaged over the n paths,
+            ``(H, B, T, S)`` (else None).
         """
         T, B, C = query.shape
         if self.self_attention:
@@ -112,12 +123,11 @@ class MultiPathAttention(nn.Module):
             kv = static_cache(self, incremental_state, lambda: self._project_kv(key))
         k, v = kv["prev_key"], kv["prev_value"]
         mask = additive_mask(key_padding_mask, attn_mask, q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                             dropout_p=self.dropout if self.training else 0.0)
+        out, probs = dot_product_attention(q, k, v, mask, self.dropout if self.training else 0.0, need_head_weights)
         # (B, n·H, T, C/H) -> (n, T·B, C)
         out = out.view(B, self.num_paths, self.num_heads, T, self.head_dim).permute(1, 3, 0, 2, 4)
         out = self.out_proj(out.reshape(self.num_paths, T * B, C))
-        return out.view(self.num_paths, T, B, C)
+        return out.view(self.num_paths, T, B, C), head_weights(probs, self.num_paths)
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
         """Reorder the cached keys/values along the batch axis (beam search)."""
@@ -232,3 +242,13 @@ class MultiPathSublayer(nn.Module):
     def forward(self, x: Tensor, **path_kwargs) -> Tensor:
         """x ``(T, B, C)`` -> ``(T, B, C)``; ``path_kwargs`` go to the paths (masks, keys, cache)."""
         return self.fusion(x, self.paths(self.layer_norm(x), **path_kwargs))
+
+
+class MultiPathAttentionSublayer(MultiPathSublayer):
+    """:class:`MultiPathSublayer` over :class:`MultiPathAttention` paths, which also return their
+    attention weights: ``forward(x, **attention_kwargs)`` -> ``((T, B, C), weights (H, B, T, S) or
+    None)``, the weights with ``need_head_weights=True`` (alignments)."""
+
+    def forward(self, x: Tensor, **attention_kwargs) -> Tuple[Tensor, Optional[Tensor]]:
+        paths, weights = self.paths(self.layer_norm(x), **attention_kwargs)
+        return self.fusion(x, paths), weights

@@ -15,17 +15,24 @@ With all three off, :class:`PartialAttention` is fairseq's ``MultiheadAttention`
 names, same result).
 """
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from fairseq import utils
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
-from .attention_utils import append_to_cache, keys_values_and_mask, reorder_cache, static_cache
+from .attention_utils import (
+    append_to_cache,
+    dot_product_attention,
+    head_weights,
+    keys_values_and_mask,
+    reorder_cache,
+    softmax_attention,
+    static_cache,
+)
 
 GATE_FUNCTIONS = {"relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
 GATE_ACTIVATIONS = tuple(GATE_FUNCTIONS)
@@ -195,7 +202,7 @@ class PartialAttention(nn.Module):
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None, global_logits: Optional[Tensor] = None,
-                incremental_state=None) -> Tensor:
+                incremental_state=None, need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """
         Args:
             query: ``(T, B, d)``, already layer-normalised; also the gate input X of Eq. 5.
@@ -204,8 +211,10 @@ class PartialAttention(nn.Module):
             attn_mask: ``(T, S)`` additive float mask (the causal mask), added after A^G.
             global_logits: A^G ``(B, H, T, S)`` or None.
             incremental_state: fairseq's decoding cache.
+            need_head_weights: also return the attention probabilities (alignments).
         Returns:
-            ``(T, B, d)``.
+            ``(T, B, d)``, and the probabilities of the H heads ``(H, B, T, S)`` if ``need_head_weights``
+            (else None).
         """
         T, B, _ = query.shape
         q = _heads(self.q_proj(query), self.head_dim)
@@ -214,18 +223,16 @@ class PartialAttention(nn.Module):
         if global_logits is not None:
             mask = global_logits if mask is None else global_logits + mask
         dropout = self.dropout if self.training else 0.0
-        if self.head_expansion is None:  # Eqs. 1-2 (+ A^G as an additive mask) in one fused kernel
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        if self.head_expansion is None:  # Eqs. 1-2 (+ A^G as an additive mask), fused unless weights are needed
+            heads, probs = dot_product_attention(q, k, v, mask, dropout, need_head_weights)
         else:
             logits = self.head_expansion((q * self.head_dim ** -0.5) @ k.transpose(-1, -2))
-            if mask is not None:
-                logits = logits + mask
-            probs = F.dropout(utils.softmax(logits, dim=-1).type_as(q), dropout, self.training)
-            heads = probs @ v
+            heads, probs = softmax_attention(logits if mask is None else logits + mask, v, dropout)
         heads = heads.permute(2, 0, 1, 3)  # (B, H, T, d_k) -> (T, B, H, d_k)
         if self.pg_ffn is not None:
             heads = self.pg_ffn(heads, query)
-        return self.out_proj(heads.reshape(T, B, self.num_heads * self.head_dim))
+        out = self.out_proj(heads.reshape(T, B, self.num_heads * self.head_dim))
+        return out, head_weights(probs) if need_head_weights else None
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         return reorder_cache(self, incremental_state, new_order, static=not self.self_attention)

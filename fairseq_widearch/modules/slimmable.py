@@ -8,14 +8,14 @@ the output width a layer produces is its *active* width, set by the model's samp
 (``set_active_width``).
 """
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
-from .attention_utils import keys_values_and_mask, reorder_cache
+from .attention_utils import dot_product_attention, head_weights, keys_values_and_mask, reorder_cache
 
 #: Attention head dimension of every width (Sec. 3.2: a layer of width D has D / 64 heads).
 HEAD_DIM = 64
@@ -77,7 +77,8 @@ class SlimmableAttention(nn.Module):
         self_attention (bool): keys/values from the query (decoding appends to the cache) or
             from ``key`` (computed once when decoding).
 
-    Shapes: ``forward(query (T, B, C), key (S, B, C_k) or None)`` -> ``(T, B, C)``.
+    Shapes: ``forward(query (T, B, C), key (S, B, C_k) or None)`` -> ``((T, B, C), weights)``, the
+    weights ``(D / 64, B, T, S)`` with ``need_head_weights`` (alignments), else None.
 
     Raises:
         ValueError: if ``max_dim`` is not a multiple of 64, or from ``set_active_width`` on a width
@@ -114,15 +115,16 @@ class SlimmableAttention(nn.Module):
         return {"prev_key": self._heads(self.k_proj(key)), "prev_value": self._heads(self.v_proj(key))}
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
-                attn_mask: Optional[Tensor] = None, incremental_state=None) -> Tensor:
+                attn_mask: Optional[Tensor] = None, incremental_state=None, need_head_weights: bool = False
+                ) -> Tuple[Tensor, Optional[Tensor]]:
         """query ``(T, B, C)``; key ``(S, B, C_k)`` (encoder-decoder attention); key_padding_mask
-        ``(B, S)`` True at padding; attn_mask ``(T, S)`` additive -> ``(T, B, C)``."""
+        ``(B, S)`` True at padding; attn_mask ``(T, S)`` additive -> ``((T, B, C), weights or None)``."""
         T, B, C = query.shape
         q = self._heads(self.q_proj(query))
         kv, mask = keys_values_and_mask(self, query, key, key_padding_mask, attn_mask, incremental_state)
-        out = F.scaled_dot_product_attention(q, kv["prev_key"], kv["prev_value"], attn_mask=mask,
-                                             dropout_p=self.dropout if self.training else 0.0)
-        return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, self.active_dim), C)
+        out, probs = dot_product_attention(q, kv["prev_key"], kv["prev_value"], mask,
+                                           self.dropout if self.training else 0.0, need_head_weights)
+        return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, self.active_dim), C), head_weights(probs)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         return reorder_cache(self, incremental_state, new_order, static=not self.self_attention)

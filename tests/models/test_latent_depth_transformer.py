@@ -48,7 +48,21 @@ def test_every_layer_selected_equals_fairseq_prenorm_transformer():
     assert not missing and all("layer_select" in key for key in unexpected)  # same parameter names
     src, lengths, prev = batch()
     with torch.no_grad():
-        torch.testing.assert_close(model(src, lengths, prev)[0], stock(src, lengths, prev)[0], atol=1e-5, rtol=1e-5)
+        (ours, extra), (theirs, stock_extra) = model(src, lengths, prev), stock(src, lengths, prev)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(extra["attn"][0], stock_extra["attn"][0], atol=1e-6, rtol=1e-5)  # alignments
+
+
+def test_alignment_layer_deselected_by_hard_selection_falls_back_to_the_last_computed_layer():
+    torch.manual_seed(0)
+    model = latent_model("--latent-inference", "hard").eval()
+    set_logits(model, [9.0, 9.0], [9.0, 9.0, -9.0])  # the last decoder layer (the default alignment layer) skipped
+    pruned = stock_prenorm(decoder_layers=2)
+    pruned.load_state_dict({k: v for k, v in model.state_dict().items() if "layers.2." not in k}, strict=False)
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, lengths, prev)[1]["attn"][0], pruned(src, lengths, prev)[1]["attn"][0],
+                                   atol=1e-6, rtol=1e-5)
 
 
 def test_hard_selection_skips_deselected_layers_like_a_pruned_model():

@@ -87,15 +87,19 @@ def test_each_batched_attention_path_equals_a_fairseq_multihead_attention(self_a
     x, enc = torch.randn(T, B, D), torch.randn(S, B, D)
     kpm = torch.zeros(B, S if not self_attention else T, dtype=torch.bool)
     kpm[0, :2] = True
-    out = attn(x, key=enc, key_padding_mask=kpm)
-    assert out.shape == (n, T, B, D)
+    out, weights = attn(x, key=enc, key_padding_mask=kpm, need_head_weights=True)
+    assert out.shape == (n, T, B, D) and weights.shape == (H, B, T, kpm.size(1))
+    ref_weights = 0
     for i in range(n):
         mha = MultiheadAttention(D, H, self_attention=self_attention,
                                  encoder_decoder_attention=not self_attention).eval()
         load_path(attn, i, mha)
         kv = x if self_attention else enc
-        ref, _ = mha(query=x, key=kv, value=kv, key_padding_mask=kpm, need_weights=False)
+        ref, ref_w = mha(query=x, key=kv, value=kv, key_padding_mask=kpm, need_weights=True)  # mean over heads
         torch.testing.assert_close(out[i], ref, atol=1e-5, rtol=1e-5)
+        ref_weights = ref_weights + ref_w / n
+    torch.testing.assert_close(weights.mean(0), ref_weights, atol=1e-6, rtol=1e-5)  # averaged over the paths
+    assert attn(x, key=enc, key_padding_mask=kpm)[1] is None
 
 
 def test_each_batched_ffn_path_equals_its_own_ffn():

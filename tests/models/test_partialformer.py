@@ -27,11 +27,14 @@ def test_without_pg_ffn_gates_global_logits_and_head_scaling_equals_fairseq_atte
     x = torch.randn(5, 3, D)
     key = torch.randn(7, 3, 48) if cross else x
     padding = torch.zeros(3, key.size(0), dtype=torch.bool)
-    padding[0, :2] = True
+    padding[0, :2] = True  # left-padded source
+    if not cross:  # right-padded target (left padding with the causal mask would mask whole rows)
+        padding = padding.flip(1)
     causal = None if cross else torch.triu(torch.full((5, 5), float("-inf")), 1)
-    expected, _ = mha(x, key, key, key_padding_mask=padding, attn_mask=causal, need_weights=False)
-    got = ours(x, key if cross else None, key_padding_mask=padding, attn_mask=causal)
+    expected, expected_weights = mha(x, key, key, key_padding_mask=padding, attn_mask=causal, need_weights=True)
+    got, weights = ours(x, key if cross else None, key_padding_mask=padding, attn_mask=causal, need_head_weights=True)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights.mean(0), expected_weights, atol=1e-6, rtol=1e-5)  # alignments (head mean)
 
 
 def test_pg_ffn_is_eq5_per_head():
@@ -65,7 +68,7 @@ def test_head_scaling_and_global_logits_follow_eq6():
         + attn.head_expansion.fc2.bias[None, :, None, None]
     heads = torch.softmax(expanded + global_logits + causal, dim=-1) @ v  # (B, H, T, d_k)
     expected = attn.out_proj(pg(heads.permute(2, 0, 1, 3), x).reshape(5, 2, 6 * DK))
-    torch.testing.assert_close(attn(x, attn_mask=causal, global_logits=global_logits), expected)
+    torch.testing.assert_close(attn(x, attn_mask=causal, global_logits=global_logits)[0], expected)
 
 
 # Paper presets at Table 11's vocabularies (shared embeddings): En-De 34,040, En-Ro 19,064.

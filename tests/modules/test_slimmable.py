@@ -56,9 +56,10 @@ def test_attention_at_a_width_equals_fairseq_attention_with_the_cropped_weights(
         key = torch.randn(6, 2, query_width) if cross else x
         padding = torch.zeros(2, key.size(0), dtype=torch.bool)
         padding[1, :2] = True
-        expected, _ = fairseq(x, key, key, key_padding_mask=padding, need_weights=False)
-        torch.testing.assert_close(ours(x, key if cross else None, key_padding_mask=padding), expected,
-                                   atol=1e-5, rtol=1e-5)
+        expected, expected_weights = fairseq(x, key, key, key_padding_mask=padding, need_weights=True)
+        got, weights = ours(x, key if cross else None, key_padding_mask=padding, need_head_weights=True)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(weights.mean(0), expected_weights, atol=1e-6, rtol=1e-5)  # alignments (head mean)
 
 
 def test_attention_incremental_decoding_equals_full_at_a_narrow_width():
@@ -67,9 +68,9 @@ def test_attention_incremental_decoding_equals_full_at_a_narrow_width():
     attn.set_active_width(128)
     x = torch.randn(4, 2, 192)
     causal = torch.triu(torch.full((4, 4), float("-inf")), 1)
-    full = attn(x, attn_mask=causal)
+    full = attn(x, attn_mask=causal)[0]
     state = {}
-    steps = [attn(x[t: t + 1], incremental_state=state) for t in range(4)]
+    steps = [attn(x[t: t + 1], incremental_state=state)[0] for t in range(4)]
     torch.testing.assert_close(torch.cat(steps), full, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="multiple of 64"):
         attn.set_active_width(100)
@@ -89,4 +90,4 @@ def test_type2_attention_narrower_than_the_model_width():
                for n in ("q_proj", "k_proj", "v_proj"))
     out = (torch.softmax(q @ k.transpose(-1, -2) / 8, dim=-1) @ v).permute(2, 0, 1, 3).reshape(5, 2, 128)
     expected = F.linear(out, attn.out_proj.weight[:, :128], attn.out_proj.bias)
-    torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attn(x)[0], expected, atol=1e-5, rtol=1e-5)
