@@ -288,3 +288,18 @@ def test_decoder_wider_than_the_encoder():
     assert logits.shape == (2, 4, 40)
     logits.log_softmax(-1).mean().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_residual_dropout_drops_the_fused_sum_once():
+    """Training mode: Y = βX + Dropout(Σ_f α_f PathNorm_f(f)), one dropout mask over the fused sum
+    (paper summary Sec. 5 item 4), not one per path: each output element either keeps the whole
+    fused sum, scaled by 1 / (1 − p), or drops it and equals βX."""
+    torch.manual_seed(0)
+    fusion = PathFusion(3, D, dropout=0.5)
+    x, paths = torch.randn(4, 2, D), torch.randn(3, 4, 2, D)
+    fused = fusion.eval()(torch.zeros_like(x), paths)  # the fused sum alone (β · 0 = 0)
+    torch.manual_seed(1)
+    delta = fusion.train()(x, paths) - fusion.beta * x
+    dropped = delta == 0
+    assert 0.3 < dropped.float().mean() < 0.7
+    torch.testing.assert_close(delta[~dropped], fused[~dropped] / 0.5)

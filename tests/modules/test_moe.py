@@ -37,19 +37,35 @@ def test_one_expert_top1_unlimited_equals_dense_ffn():
     assert routing.kept.all()
 
 
-def test_balance_loss_on_a_hand_built_routing():
-    """l = E Σ_i m_i P_i, m_i = fraction of tokens assigned to i, P_i = mean router probability."""
+@pytest.mark.parametrize("k", [1, 2])
+def test_balance_loss_on_a_hand_built_routing(k):
+    """l = E Σ_i m_i P_i (Eq. 3), m_i = (1/N) Σ_tokens h(x)_i with h the k-hot dispatch vector (Eq.
+    4; Σ_i m_i = k), P_i = mean router probability over the same N tokens (Eq. 5)."""
     torch.manual_seed(0)
-    moe = make_moe(experts=3, k=1)
+    moe = make_moe(experts=3, k=k)
     x = torch.randn(6, D)
     routing = moe.router(x)
     probs = (x @ moe.router.weight.t()).softmax(-1)
-    m = torch.bincount(probs.argmax(-1), minlength=3).float() / 6
+    dispatch = torch.zeros(6, 3).scatter_(1, probs.topk(k, dim=-1).indices, 1.0)  # h(x), k-hot
+    m = dispatch.mean(0)
+    assert m.sum().item() == pytest.approx(k) and not torch.allclose(m, torch.full((3,), k / 3))  # not uniform
     torch.testing.assert_close(routing.balance_loss, 3 * (m * probs.mean(0)).sum())
-    # uniform routing and probabilities reach the minimum k
+
+
+def test_balance_loss_is_k_at_uniform_routing_but_not_a_lower_bound():
+    """Uniform loads and probabilities give l = k; a skewed routing can go below it (docs/widenet.md)."""
+    moe = make_moe(experts=2, k=1)
     with torch.no_grad():
         moe.router.weight.zero_()
-    assert moe.router(x).balance_loss.item() == pytest.approx(1.0)
+    assert moe.router(torch.randn(6, D)).balance_loss.item() == pytest.approx(1.0)
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[0, 0], moe.router.weight[1, 0] = 0.05, -0.05  # expert 0 iff x_0 > 0, barely
+        moe.router.weight[1, 1] = 20.0  # expert 1 near-certain iff x_1 > 0 (and x_0 < 0)
+    x = torch.zeros(10, D)
+    x[:6, 0] = 1.0  # 6 tokens narrowly pick expert 0
+    x[6:, 0], x[6:, 1] = -1.0, 1.0  # 4 tokens pick expert 1 with probability ~1
+    assert moe.router(x).balance_loss.item() < 0.95  # m = (0.6, 0.4): 2 (0.6 P_0 + 0.4 P_1) ≈ 0.92
 
 
 def test_capacity_drops_exactly_the_over_capacity_tokens():
