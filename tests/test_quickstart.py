@@ -1,6 +1,9 @@
-"""Quick-start data preparation: clear errors on a missing or malformed data directory."""
+"""Quick start: clear errors on a missing or malformed data directory or a bad option, extra
+fairseq-train flags after ``--``, and sacreBLEU's score as the last lines printed."""
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +52,39 @@ def test_score_restores_corpus_order_and_checks_the_count(tmp_path):
     refs.write_text(f"{one}\n")
     with pytest.raises(SystemExit, match="holds 2 hypotheses but .* has 1 references"):
         score.main(gen, refs)
+
+
+QUICKSTART = REPO / "examples" / "multi30k" / "quickstart.sh"
+
+
+def quickstart(*args):
+    """README's first command with ``args``, using this test run's virtualenv."""
+    env = {**os.environ, "VENV": str(Path(sys.executable).parent.parent)}
+    return subprocess.run(["bash", str(QUICKSTART), *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("minutes", ["abc", "-1", "0"])
+def test_minutes_must_be_a_positive_number(minutes, tmp_path):
+    proc = quickstart("--minutes", minutes, "--work-dir", tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"--minutes takes a positive number of minutes (e.g. 15 or 0.5), got '{minutes}'" in proc.stderr
+    assert not any(tmp_path.iterdir())  # stopped before preparing or training anything
+
+
+def test_extra_flags_reach_fairseq_train_and_sacrebleu_ends_the_output(multi30k_dir, tmp_path):
+    """``-- FLAGS`` as README shows it, on a small copy of Multi30k (1,000 training, 24 test lines)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, lines in (("train", 1000), ("val", 24), ("test_2016_flickr", 24)):
+        for lang in ("en", "de"):
+            head = (multi30k_dir / f"{split}.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)[:lines]
+            (data / f"{split}.{lang}").write_text("".join(head), encoding="utf-8")
+    proc = quickstart("--data-dir", data, "--work-dir", tmp_path / "work", "--minutes", "1", "--",
+                      "--max-update", "2", "--max-tokens", "1024")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "num_updates 2" in proc.stdout and "max tokens per device = 1024" in proc.stdout
+    header, score, signature = proc.stdout.strip().splitlines()[-3:]
+    assert header.startswith("| sacreBLEU of the detokenized translations")
+    assert score.startswith("BLEU = ") and signature.startswith("signature: nrefs:1|")
+    assert "BPE tokens" not in proc.stdout + proc.stderr  # fairseq-generate's warning about its own BLEU

@@ -25,29 +25,48 @@ while [ $# -gt 0 ]; do
     --minutes) MINUTES="$2"; shift 2 ;;
     --arch) ARCH="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
-    --) shift; EXTRA=("$@"); break ;;
+    --) shift; EXTRA=("$@"); set --; break ;;  # the rest is fairseq-train's, not setup.sh's
     -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+# fairseq-train reads --stop-time-hours 0 (or less) as "no limit": insist on a positive number
+if ! [[ "$MINUTES" =~ ^([0-9]+[.]?[0-9]*|[.][0-9]+)$ ]] || [[ "$MINUTES" =~ ^[0.]+$ ]]; then
+  echo "error: --minutes takes a positive number of minutes (e.g. 15 or 0.5), got '$MINUTES'" >&2
+  exit 2
+fi
 
 source "$ROOT/examples/multi30k/setup.sh"
 
 SAVE="$WORK/checkpoints/$ARCH"
 mkdir -p "$SAVE"
 STOP_HOURS=$("$PY" -c "print($MINUTES / 60)")
+# the criterion that adds the arch's auxiliary losses (WideNet, latent depth), else label-smoothed CE
+if ! CRITERION=$("$PY" -c "import sys, fairseq_widearch; from fairseq.models import ARCH_MODEL_REGISTRY as R
+print(getattr(R[sys.argv[1]], 'auxiliary_criterion', None) or 'label_smoothed_cross_entropy')" "$ARCH" 2>/dev/null)
+then
+  echo "error: --arch $ARCH is not a registered architecture" >&2
+  exit 2
+fi
 echo "| training $ARCH for at most $MINUTES minutes"
 "$VENV/bin/fairseq-train" "$WORK/data/bin" --user-dir "$ROOT/fairseq_widearch" \
   --arch "$ARCH" --cpu --num-workers 0 --seed 1 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.003 --lr-scheduler inverse_sqrt --warmup-updates 300 \
-  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --dropout 0.1 \
+  --criterion "$CRITERION" --label-smoothing 0.1 --dropout 0.1 \
   --max-tokens 4096 --stop-time-hours "$STOP_HOURS" --max-epoch 100 \
   --save-dir "$SAVE" --no-epoch-checkpoints --best-checkpoint-metric loss \
   --log-format simple --log-interval 50 "${EXTRA[@]}"
 
 echo "| decoding test_2016 with beam 5"
-"$VENV/bin/fairseq-generate" "$WORK/data/bin" --user-dir "$ROOT/fairseq_widearch" \
+# fairseq-generate's own log (including its warning that *its* BLEU is on BPE tokens) goes to a
+# file, so that the last lines printed are sacreBLEU's, on detokenized output
+if ! "$VENV/bin/fairseq-generate" "$WORK/data/bin" --user-dir "$ROOT/fairseq_widearch" \
   --path "$SAVE/checkpoint_best.pt" --gen-subset test --cpu --beam 5 --lenpen 1.0 --batch-size 128 \
   --tokenizer moses --source-lang en --target-lang de \
-  --bpe subword_nmt --bpe-codes "$WORK/data/bpe/codes" > "$WORK/generate-$ARCH.txt"
+  --bpe subword_nmt --bpe-codes "$WORK/data/bpe/codes" > "$WORK/generate-$ARCH.txt" 2> "$WORK/generate-$ARCH.log"
+then
+  tail -n 20 "$WORK/generate-$ARCH.log" >&2
+  exit 1
+fi
+echo "| fairseq-generate output: $WORK/generate-$ARCH.txt (its log: $WORK/generate-$ARCH.log)"
 "$PY" "$ROOT/examples/multi30k/score.py" "$WORK/generate-$ARCH.txt" "$WORK/data/test.ref.de"

@@ -58,7 +58,7 @@ def corpus_bleu(gen_out, ref_path):
 
 def main(gen_out, ref_path):
     score, signature = corpus_bleu(gen_out, ref_path)
-    print(f"{score}\nsignature: {signature}")
+    print(f"| sacreBLEU of the detokenized translations against {ref_path}:\n{score}\nsignature: {signature}")
     return score.score
 
 
