@@ -45,6 +45,7 @@ def exported_args(model_args: Namespace, width: int, layer_widths: List[int]) ->
     args.exported_layer_widths = "" if set(layer_widths) == {width} else ",".join(map(str, layer_widths))
     args.scalable_widths = ",".join(str(w) for w in width_set(model_args) if w <= width) or str(width)
     if args.no_io_projections:
+        args.exported_from_width = getattr(model_args, "exported_from_width", 0) or model_args.encoder_embed_dim
         for name in ("encoder_embed_dim", "decoder_embed_dim", "decoder_input_dim", "decoder_output_dim"):
             setattr(args, name, width)
     if not args.exported_layer_widths:  # type-1: record the sub-Transformer's own FFN and head counts
@@ -58,7 +59,10 @@ def export_model(parent, model_args: Namespace):
     cropped tensors (copied, contiguous), and the flags it was built from."""
     args = exported_args(model_args, parent.encoder.width, [layer.self_attn.active_dim for layer in parent.all_layers()])
     exported = build(args, parent.encoder.embed_tokens.num_embeddings, parent.decoder.embed_tokens.num_embeddings)
-    missing, unexpected = exported.load_state_dict(parent.sub_transformer_state_dict(), strict=False)
+    # the stacks' version buffers too: without them fairseq's upgrade path (run by load_state_dict)
+    # takes the state for a pre-0.9 one and drops the pre-norm final LayerNorms
+    versions = {k: v for k, v in parent.state_dict().items() if k.endswith(".version")}
+    missing, unexpected = exported.load_state_dict({**parent.sub_transformer_state_dict(), **versions}, strict=False)
     assert set(missing) <= TIED and not unexpected, (missing, unexpected)  # same names, same shapes
     return exported, args
 

@@ -12,6 +12,7 @@ choose D^i per layer.
 ``model.set_sample_config(width, layer_widths=None)`` selects the active sub-Transformer; the
 blocks are in :mod:`fairseq_widearch.modules.slimmable`.
 """
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -19,11 +20,12 @@ from fairseq import utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, base_architecture
+from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.slimmable import HEAD_DIM, SlimmableAttention, SlimmableLayerNorm, SlimmableLinear
+from ..modules.slimmable import HEAD_DIM, CroppedPositions, SlimmableAttention, SlimmableLayerNorm, SlimmableLinear
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
 from .presets import set_defaults
 from .validation import require
@@ -56,6 +58,11 @@ class ScalableTransformerConfig(TransformerConfig):
     exported_layer_widths: str = field(
         default="", metadata={"help": "D^i the layers are built at, encoder then decoder layers, comma-separated "
                                       "(written by export_subnet for a type-2 sub-Transformer); empty: C everywhere"}
+    )
+    exported_from_width: int = field(
+        default=0, metadata={"help": "M_max of the model an I/O-cropped sub-Transformer was exported from (written "
+                                     "by export_subnet): embeddings scaled by √M_max and sinusoidal positions the "
+                                     "first C channels of M_max's, as the parent computes them; 0: this model's own"}
     )
 
 
@@ -180,12 +187,22 @@ class WidthSelection:
     def build_layer(self, cfg, cross_attention: bool = False):
         return wrap_layer(ScalableLayer(cfg, self.built_width, next(self._built_dims), cross_attention), cfg)
 
-    def build_width_selection(self, cfg):
+    def build_width_selection(self, cfg, learned_positions: bool, max_positions: int):
+        """The input projection, the pre-norm final LayerNorm at width C, and, in an I/O-cropped
+        export (``--exported-from-width``), the parent's embedding scale and sinusoidal positions
+        (``learned_positions``: this stack's flag; ``max_positions``: its maximum length)."""
         self.width = self.built_width
         full = cfg.encoder_embed_dim
         self.input_projection = None if cfg.no_io_projections else SlimmableLinear(full, self.built_width)
         if self.layer_norm is not None:  # pre-norm: the final LayerNorm at width C
             self.layer_norm = SlimmableLayerNorm(self.built_width)
+        if cfg.exported_from_width:  # an I/O-cropped export embeds as its M_max parent did
+            if not cfg.no_scale_embedding:
+                self.embed_scale = math.sqrt(cfg.exported_from_width)
+            if self.embed_positions is not None and not learned_positions:
+                self.embed_positions = CroppedPositions(
+                    SinusoidalPositionalEmbedding(cfg.exported_from_width, self.padding_idx,
+                                                  init_size=max_positions + self.padding_idx + 1), full)
 
     def set_widths(self, width: int, layer_widths: Sequence[int]):
         self.width = width
@@ -198,7 +215,10 @@ class WidthSelection:
         """Embedding (M_max wide, or its first C columns without I/O projections), the input
         projection's first C outputs, every layer's crop and the final LayerNorm's."""
         width, full = self.width, self.embed_tokens.embedding_dim
-        cropped = {"embed_tokens.weight": self.embed_tokens.weight[:, : full if self.input_projection else width]}
+        embedded = full if self.input_projection else width  # channels kept of what is embedded
+        cropped = {"embed_tokens.weight": self.embed_tokens.weight[:, :embedded]}
+        if "embed_positions.weight" in self.state_dict():  # learned positions
+            cropped["embed_positions.weight"] = self.embed_positions.weight[:, :embedded]
         if self.input_projection is not None:
             cropped.update(crop_linear("input_projection", self.input_projection, width, full))
         for i, layer in enumerate(self.layers):
@@ -219,7 +239,7 @@ class ScalableEncoder(WidthSelection, LayerLoopEncoder):
         self.built_width, dims = built_widths(cfg)
         self._built_dims = iter(dims[: cfg.encoder_layers])
         super().__init__(cfg, dictionary, embed_tokens)
-        self.build_width_selection(cfg)
+        self.build_width_selection(cfg, cfg.encoder_learned_pos, cfg.max_source_positions)
 
     def build_encoder_layer(self, cfg):
         return self.build_layer(cfg)
@@ -242,7 +262,7 @@ class ScalableDecoder(WidthSelection, LayerLoopDecoder):
         self.built_width, dims = built_widths(cfg)
         self._built_dims = iter(dims[cfg.encoder_layers:])
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        self.build_width_selection(cfg)
+        self.build_width_selection(cfg, cfg.decoder_learned_pos, cfg.max_target_positions)
         self.project_out_dim = None if cfg.no_io_projections else SlimmableLinear(self.built_width, self.width_max)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
@@ -294,6 +314,9 @@ def validate_scalable_config(args):
     require(not bad, f"--scalable-widths {args.scalable_widths!r}: {bad} are not multiples of {HEAD_DIM} in "
                      f"(0, {width}]")
     require(widths == sorted(set(widths)), f"--scalable-widths {args.scalable_widths!r} must be ascending, no repeats")
+    require(args.exported_from_width == 0 or (args.no_io_projections and args.exported_from_width >= width),
+            f"--exported-from-width {args.exported_from_width} is for I/O-cropped exports (--no-io-projections) "
+            f"of a model at least --encoder-embed-dim {width} wide")
     require(args.exported_width % HEAD_DIM == 0 and args.exported_width <= width,
             f"--exported-width {args.exported_width} must be a multiple of {HEAD_DIM} in (0, {width}]")
     dims = _parsed("--exported-layer-widths", args.exported_layer_widths, lambda: built_widths(args)[1])

@@ -61,6 +61,23 @@ class SlimmableLayerNorm(nn.LayerNorm):
         return F.layer_norm(x, (width,), self.weight[:width], self.bias[:width], self.eps)
 
 
+class CroppedPositions(nn.Module):
+    """The first ``width`` channels of a wider positional embedding: an I/O-cropped sub-Transformer
+    exported from a model of width M_max adds the positions it was trained with, the first C
+    channels of M_max's sinusoids (not sinusoids built at width C).
+
+    Shapes: as the wrapped module, last dimension cropped to ``width``.
+    """
+
+    def __init__(self, positions: nn.Module, width: int):
+        super().__init__()
+        self.positions, self.width = positions, width
+        self.max_positions = positions.max_positions
+
+    def forward(self, *args, **kwargs) -> Tensor:
+        return self.positions(*args, **kwargs)[..., : self.width]
+
+
 @with_incremental_state
 class SlimmableAttention(nn.Module):
     """Multi-head attention (Eq. 1) whose Q, K and V are each cropped to the active width D
