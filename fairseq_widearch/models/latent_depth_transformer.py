@@ -7,7 +7,8 @@ summary: the same z_l on the self-attention, cross-attention and FFN branches of
     x ← x + z_l · SubLayer(LN(x))       for every sub-layer of layer l
 
 z comes from :class:`~fairseq_widearch.modules.LayerSelect`: Gumbel-sigmoid samples in training
-(Eq. 5), deterministic at inference (expected z, or hard selection with z = 0 layers skipped).
+(Eq. 5), deterministic at inference (the mean of the training samples, or hard selection with
+z = 0 layers skipped).
 Layers subclass fairseq's own, so parameter names equal a stock pre-norm ``transformer``'s.
 The posterior q(z = 1) and the samples z of each latent stack travel in ``encoder_out`` /
 ``extra`` (``latent_probs_encoder``/``latent_samples_encoder``, the ``_decoder`` pair, and
@@ -58,7 +59,9 @@ class LatentDepthConfig(TransformerConfig):
         default=-1, metadata={"help": "straight-through hard samples of z after this many updates; -1 = always soft"}
     )
     latent_inference: ChoiceEnum(INFERENCE_MODES) = field(
-        default="soft", metadata={"help": "z at inference: soft = q(z_l = 1), hard = 1[q > threshold] (z = 0 layers skipped)"}
+        default="soft", metadata={"help": "z at inference: soft = the mean of the z training draws at the current "
+                                           "update (E[σ((α_l + g_1 − g_2)/τ)], or q(z_l = 1) once samples are "
+                                           "straight-through hard), hard = 1[q > threshold] (z = 0 layers skipped)"}
     )
     latent_threshold: float = field(default=0.5, metadata={"help": "threshold of hard selection"})
     latent_lang_pairs: str = field(

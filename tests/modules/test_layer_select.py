@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fairseq_widearch.modules import LayerSelect
+from fairseq_widearch.modules.layer_select import expected_relaxed_sample
 
 
 def test_gumbel_sigmoid_selects_a_layer_with_its_posterior_probability():
@@ -22,8 +23,10 @@ def test_inference_is_deterministic_soft_or_hard():
     select = LayerSelect(3).eval()
     with torch.no_grad():
         select.logits[0] = torch.tensor([2.0, -0.1, 0.3])
-    torch.testing.assert_close(select(), torch.sigmoid(select.logits))
+    torch.testing.assert_close(select(), expected_relaxed_sample(select.logits, 5.0))  # mean of training's z
     assert torch.equal(select(), select())
+    select.soft_updates = 0  # training draws straight-through hard samples: their mean is σ(α)
+    torch.testing.assert_close(select(), torch.sigmoid(select.logits))
     select.inference = "hard"
     assert select().tolist() == [[1.0, 0.0, 1.0]]
 
@@ -56,7 +59,7 @@ def test_one_posterior_per_language_pair_and_each_sentence_gets_its_pairs_sample
     with torch.no_grad():
         select.logits[2] = torch.tensor([5.0, -5.0])
     z = select()
-    assert z[2].tolist() == pytest.approx(torch.sigmoid(torch.tensor([5.0, -5.0])).tolist())
+    assert z[2].tolist() == pytest.approx(expected_relaxed_sample(torch.tensor([5.0, -5.0]), 5.0).tolist())
     assert z[0].tolist() == [0.5, 0.5]
     select.train()
     z = select()
@@ -76,3 +79,19 @@ def test_one_posterior_per_language_pair_and_each_sentence_gets_its_pairs_sample
 def test_invalid_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LayerSelect(3, **kwargs)
+
+
+@pytest.mark.parametrize("temperature,soft_updates", [(5.0, -1), (1.0, -1), (5.0, 0)])
+def test_soft_inference_weights_are_the_mean_of_the_training_samples(temperature, soft_updates):
+    """Monte-Carlo: the mean of 200,000 training draws of z (relaxed Gumbel-sigmoid samples at τ,
+    or straight-through hard ones) equals the deterministic soft inference weight."""
+    logits = torch.tensor([0.0, 2.0, 4.0, -3.0])
+    select = LayerSelect(4, num_posteriors=200_000, temperature=temperature, soft_updates=soft_updates)
+    with torch.no_grad():
+        select.logits.copy_(logits.expand(200_000, 4))
+    torch.manual_seed(0)
+    monte_carlo = select.train()().mean(0)
+    soft = select.eval()()[0]
+    torch.testing.assert_close(soft, monte_carlo, atol=4e-3, rtol=0)
+    if soft_updates < 0:  # relaxed samples: σ(α) is not their mean (0.881 against 0.596 at α = 2, τ = 5)
+        assert (soft[1:] - torch.sigmoid(logits[1:])).abs().min() > 0.03
