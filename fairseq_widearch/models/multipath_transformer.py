@@ -183,16 +183,21 @@ class MultiPathTransformerModel(WideTransformerModel):
 
 @register_model_architecture("multipath_transformer", "multipath_transformer")
 def multipath_transformer(args):
-    """Base preset: Table 2's shape (d = 512, FFN 2048, 8 heads, 6+6 layers), pre-norm, 2 encoder paths."""
-    set_defaults(args, **_MULTIPATH_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True)
+    """Base preset: Table 2's shape (d = 512, FFN 2048, 8 heads, 6+6 layers), pre-norm, 2 encoder
+    paths, and the dropouts of the deep pre-norm recipe the paper follows (Wang et al. 2019:
+    residual, attention and activation dropout 0.1; the paper gives none)."""
+    set_defaults(args, **_MULTIPATH_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True,
+                 dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
     base_architecture(args)
 
 
 TABLE2 = [(6, 2), (12, 2), (6, 4), (12, 3), (6, 6), (24, 2), (12, 4), (6, 8)]
 for _layers, _paths in TABLE2:  # Table 2 rows: L-layer P-path encoder, 6-layer decoder, shared vocabulary
     register_preset("multipath_transformer", f"multipath_transformer_{_layers}l_{_paths}p", multipath_transformer,
-                    f"Lin et al. 2022, Table 2: {_layers}-layer {_paths}-path encoder, 6-layer decoder.",
-                    encoder_layers=_layers, encoder_paths=_paths, share_all_embeddings=True)
+                    f"Lin et al. 2022, Table 2: {_layers}-layer {_paths}-path encoder, 6-layer decoder, α initialised "
+                    f"to 1/√(2n) as in Sec. 3.3.",
+                    encoder_layers=_layers, encoder_paths=_paths, share_all_embeddings=True,
+                    path_alpha_init="sqrt_2n")
 
 
 @register_model_architecture("multipath_transformer", "multipath_transformer_multi30k")

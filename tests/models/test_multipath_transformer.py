@@ -11,7 +11,7 @@ from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from fairseq_widearch.cli.stats import model_stats
-from fairseq_widearch.model_builder import build_model
+from fairseq_widearch.model_builder import build_model, parse_arch_args
 from fairseq_widearch.models.multipath_transformer import MultiPathDecoderLayer, MultiPathEncoderLayer
 from fairseq_widearch.modules import MultiPathAttention, MultiPathFFN, PathFusion, PathNorm
 from conftest import REPO, fairseq_cli, train
@@ -303,3 +303,24 @@ def test_residual_dropout_drops_the_fused_sum_once():
     dropped = delta == 0
     assert 0.3 < dropped.float().mean() < 0.7
     torch.testing.assert_close(delta[~dropped], fused[~dropped] / 0.5)
+
+
+@pytest.mark.parametrize("preset", ["multipath_transformer", "multipath_transformer_6l_2p",
+                                    "multipath_transformer_6l_8p", "multipath_transformer_multi30k"])
+def test_nmt_presets_use_the_deep_prenorm_recipes_dropouts(preset):
+    """Wang et al. (2019), the recipe the paper follows: dropout, attention and activation dropout 0.1."""
+    args = parse_arch_args(preset)
+    assert (args.dropout, args.attention_dropout, args.activation_dropout) == (0.1, 0.1, 0.1)
+    model = build_model(preset, ["--encoder-layers", "1", "--decoder-layers", "1"], vocab_size=40)
+    layer = model.encoder.layers[0]
+    assert layer.self_attn.paths.dropout == 0.1 and layer.ffn.paths.activation_dropout_module.p == 0.1
+
+
+@pytest.mark.parametrize("layers,paths", [(6, 2), (12, 3), (6, 8)])
+def test_table2_presets_initialise_alpha_as_the_paper(layers, paths):
+    """Sec. 3.3: α = 1/√(2n) for the presets that reproduce Table 2 rows (for n = 2 that is 1/2, not
+    1/√F = 1/√2: without more features only n features are fused)."""
+    model = build_model(f"multipath_transformer_{layers}l_{paths}p", ["--encoder-layers", "1", "--decoder-layers", "1"],
+                        vocab_size=40)
+    for sublayer in (model.encoder.layers[0].self_attn, model.encoder.layers[0].ffn):
+        torch.testing.assert_close(sublayer.fusion.alpha.data, torch.full_like(sublayer.fusion.alpha, (2 * paths) ** -0.5))
