@@ -61,9 +61,17 @@ class PartialFormerConfig(TransformerConfig):
         default=False, metadata={"help": "drop the PG-FFNs and their gates (Table 7 'w/o Partial-level Gated FFN')"}
     )
     no_head_gates: bool = field(default=False, metadata={"help": "PG-FFNs without the head gates G_i"})
-    pg_ffn_inner_residual: bool = field(
-        default=False, metadata={"help": "G_i ⊙ (head_i + FFN(head_i)) as the released code does, not Eq. 5's "
-                                         "G_i ⊙ FFN(head_i)"}
+    pg_ffn_as_printed: bool = field(
+        default=False, metadata={"help": "G_i ⊙ FFN(head_i), Eq. 5 as printed; by default G_i ⊙ (head_i + FFN(head_i)) "
+                                         "as the authors' released code computes it (Fig. 2 omits residuals)"}
+    )
+    head_gate_bias_init: float = field(
+        default=1.0, metadata={"help": "initial bias of the gate projections W^G (Eq. 5); 1 opens the ReLU gates so "
+                                       "that each AFFN sub-layer starts at a Transformer sub-layer's scale"}
+    )
+    no_global_attention_norm: bool = field(
+        default=False, metadata={"help": "A^G (Eq. 6) from the raw embeddings, as printed; by default from "
+                                         "LayerNorm-ed embeddings, as the released code does"}
     )
     no_global_attention: bool = field(
         default=False, metadata={"help": "drop residual-like attention A^G (Eq. 6; Table 7 'w/o Residual-like "
@@ -99,15 +107,16 @@ def build_affn(cfg, side: str, self_attention: bool) -> PartialAttention:
     pg_ffn = None
     if not cfg.no_pg_ffn:
         pg_ffn = PGFFN(d, heads, head_dim, getattr(cfg, f"{side}_pg_ffn_ratio") * head_dim,
-                       None if cfg.no_head_gates else cfg.head_gate_activation, cfg.pg_ffn_inner_residual,
-                       cfg.activation_dropout)
+                       None if cfg.no_head_gates else cfg.head_gate_activation, not cfg.pg_ffn_as_printed,
+                       cfg.activation_dropout, cfg.head_gate_bias_init)
     return PartialAttention(d, qk_heads, heads, head_dim, pg_ffn, kdim=None if self_attention else cfg.encoder_embed_dim,
                             dropout=cfg.attention_dropout, self_attention=self_attention)
 
 
 def build_global_logits(cfg, side: str, self_attention: bool = True) -> GlobalAttentionLogits:
     d, _, heads, head_dim = head_sizes(cfg, side)
-    return GlobalAttentionLogits(d, heads, head_dim, self_attention, kdim=None if self_attention else cfg.encoder_embed_dim)
+    return GlobalAttentionLogits(d, heads, head_dim, self_attention, kdim=None if self_attention else cfg.encoder_embed_dim,
+                                 normalize=not cfg.no_global_attention_norm)
 
 
 class PartialEncoderLayer(EncoderLayer):
@@ -212,6 +221,16 @@ class PartialFormerDecoder(LayerLoopDecoder):
         return x, aux
 
 
+def upgrade_legacy_args(args):
+    """A checkpoint saved before the released code's form became the default (its config has
+    ``pg_ffn_inner_residual``) is rebuilt as it was trained: Eq. 5 as printed unless that flag was
+    set, A^G from the raw embeddings (no LayerNorm parameters in the checkpoint)."""
+    if hasattr(args, "pg_ffn_inner_residual"):
+        args.pg_ffn_as_printed = not args.pg_ffn_inner_residual
+        args.no_global_attention_norm = True
+        del args.pg_ffn_inner_residual
+
+
 def validate_partialformer_config(args):
     """Raise ``ValueError`` naming the flag and value of the first invalid setting."""
     for side in ("encoder", "decoder"):
@@ -244,6 +263,11 @@ class PartialFormerModel(WideTransformerModel):
 
     base_preset = staticmethod(lambda args: partialformer(args))  # registered below
     validate = staticmethod(validate_partialformer_config)
+
+    @classmethod
+    def build_model(cls, args, task):
+        upgrade_legacy_args(args)
+        return super().build_model(args, task)
 
     @classmethod
     def decoder_class_for(cls, cfg):

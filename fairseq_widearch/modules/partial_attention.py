@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
@@ -53,7 +54,9 @@ def _heads(x: Tensor, head_dim: int) -> Tensor:
 
 
 class PGFFN(nn.Module):
-    """Partial-level gated FFN (Eq. 5): ``head̄_i = G_i ⊙ FFN(head_i)``, ``G_i = σ(X W_i^G)``.
+    """Partial-level gated FFN (Eq. 5): ``head̄_i = G_i ⊙ (head_i + FFN(head_i))`` as the authors'
+    released code computes it (``G_i ⊙ FFN(head_i)`` as Eq. 5 prints it with ``inner_residual=False``),
+    ``G_i = σ(X W_i^G)``.
 
     One FFN ``d_k -> hidden -> d_k`` (ReLU, biases, activation dropout) shared by all heads of the
     sub-layer, run as one matmul over the heads folded into the rows; the gate projection
@@ -66,8 +69,12 @@ class PGFFN(nn.Module):
         hidden_dim (int): r·d_k; 0 drops the FFN (gates only).
         gate_activation (str or None): σ, ``relu`` (the paper's default), ``sigmoid`` or ``tanh``
             (Table 7); None drops the gates.
-        inner_residual (bool): ``G_i ⊙ (head_i + FFN(head_i))``, as the authors' released code does.
+        inner_residual (bool): ``G_i ⊙ (head_i + FFN(head_i))``, as the authors' released code does
+            (Fig. 2 leaves residual connections out of the drawing); False: Eq. 5 as printed.
         activation_dropout (float): dropout after the FFN's ReLU.
+        gate_bias (float): initial bias of W^G (its weights keep nn.Linear's initialisation); 1 opens
+            the ReLU gates at initialisation, so that an AFFN sub-layer starts at a Transformer
+            sub-layer's output scale (docs/partialformer.md).
 
     Shapes: ``forward(heads (T, B, H, d_k), gate_input (T, B, d))`` -> ``(T, B, H, d_k)``.
 
@@ -76,8 +83,8 @@ class PGFFN(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, head_dim: int, hidden_dim: int,
-                 gate_activation: Optional[str] = "relu", inner_residual: bool = False,
-                 activation_dropout: float = 0.0):
+                 gate_activation: Optional[str] = "relu", inner_residual: bool = True,
+                 activation_dropout: float = 0.0, gate_bias: float = 1.0):
         super().__init__()
         if gate_activation is not None and gate_activation not in GATE_ACTIVATIONS:
             raise ValueError(f"--head-gate-activation must be one of {GATE_ACTIVATIONS}, got {gate_activation!r}")
@@ -85,6 +92,8 @@ class PGFFN(nn.Module):
         self.fc2 = nn.Linear(hidden_dim, head_dim) if hidden_dim else None
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
         self.gate_proj = nn.Linear(embed_dim, num_heads * head_dim) if gate_activation else None
+        if self.gate_proj is not None:
+            nn.init.constant_(self.gate_proj.bias, gate_bias)
         self.gate_fn = GATE_FUNCTIONS[gate_activation] if gate_activation else None
         self.inner_residual = inner_residual
 
@@ -131,22 +140,31 @@ class GlobalAttentionLogits(nn.Module):
             cross-attention map, keys from the source embeddings, computed once when decoding).
         kdim (int, optional): width of ``key`` (the source embeddings); default d.
 
+        normalize (bool): LayerNorm the embeddings first (own parameters; the keys' own LayerNorm in
+            the cross-attention map), as the authors' released code does; False: the raw embeddings,
+            as Eq. 6 prints it.
+
     Shapes: ``forward(query (T, B, d), key (S, B, kdim) or None)`` -> ``(B, H, T, S)``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, head_dim: int, self_attention: bool = True,
-                 kdim: Optional[int] = None):
+                 kdim: Optional[int] = None, normalize: bool = True):
         super().__init__()
         self.head_dim, self.self_attention = head_dim, self_attention
         self.q_proj = _linear(embed_dim, num_heads * head_dim, gain=1 / math.sqrt(2))
         self.k_proj = _linear(kdim or embed_dim, num_heads * head_dim, gain=1 / math.sqrt(2))
+        self.query_norm = LayerNorm(embed_dim) if normalize else None
+        self.key_norm = LayerNorm(kdim or embed_dim) if normalize and not self_attention else None
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, incremental_state=None) -> Tensor:
+        if self.query_norm is not None:
+            query = self.query_norm(query)
         q = _heads(self.q_proj(query), self.head_dim) * self.head_dim ** -0.5
         if self.self_attention:
             k = append_to_cache(self, incremental_state, {"prev_key": _heads(self.k_proj(query), self.head_dim)})
         else:
-            k = static_cache(self, incremental_state, lambda: {"prev_key": _heads(self.k_proj(key), self.head_dim)})
+            k = static_cache(self, incremental_state, lambda: {"prev_key": _heads(self.k_proj(
+                key if self.key_norm is None else self.key_norm(key)), self.head_dim)})
         return q @ k["prev_key"].transpose(-1, -2)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):

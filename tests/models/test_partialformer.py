@@ -1,15 +1,18 @@
 """partialformer: the AFFN sub-layer against fairseq's MultiheadAttention and against Eqs. 5-6
 written out per head, paper presets (parameters and Table 5 MACs), ablation flags, config errors."""
 import re
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from fairseq.data import Dictionary
 from fairseq.modules import MultiheadAttention
 
 from fairseq_widearch.cli.stats import model_stats
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import PartialAttention, PGFFN
+from conftest import REPO
 
 D, H0, DK = 32, 4, 8
 
@@ -42,11 +45,11 @@ def test_pg_ffn_is_eq5_per_head():
     torch.manual_seed(0)
     heads, x = torch.randn(5, 3, 6, DK), torch.randn(5, 3, D)
     for activation, sigma in (("relu", F.relu), ("sigmoid", torch.sigmoid), ("tanh", torch.tanh)):
-        pg = PGFFN(D, 6, DK, 4 * DK, activation).eval()
+        pg = PGFFN(D, 6, DK, 4 * DK, activation, inner_residual=False).eval()  # Eq. 5 as printed
         gates = sigma(pg.gate_proj(x)).view(5, 3, 6, DK)
         expected = torch.stack([gates[:, :, i] * pg.fc2(F.relu(pg.fc1(heads[:, :, i]))) for i in range(6)], dim=2)
         torch.testing.assert_close(pg(heads, x), expected)
-    inner = PGFFN(D, 6, DK, 4 * DK, "relu", inner_residual=True).eval()
+    inner = PGFFN(D, 6, DK, 4 * DK, "relu").eval()  # the released code's form, the default
     gates = F.relu(inner.gate_proj(x)).view(5, 3, 6, DK)
     torch.testing.assert_close(inner(heads, x), gates * (heads + inner.fc2(F.relu(inner.fc1(heads)))))
 
@@ -161,3 +164,41 @@ def test_gate_activation_flag_reaches_every_pg_ffn(activation, sigma):
             if isinstance(m, PGFFN):
                 m.gate_fn = sigma
         torch.testing.assert_close(relu(src, torch.tensor([5, 5]), prev)[0], out)
+
+
+def test_init_scale_matches_the_stock_transformers(multi30k_bin):
+    """At initialisation, on 48 real Multi30k val sentences: every AFFN sub-layer's output RMS lies
+    within 2x of the stock pre-norm Transformer's sub-layers (the comparison's 4 + 4 body), and so
+    does the encoder's gradient norm. Eq. 5 as printed with closed gates and raw A^G inputs (the
+    former default) starts an order of magnitude smaller."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from partialformer_init_scale import SYSTEMS, init_scales, validation_batch
+
+    dictionary = Dictionary.load(str(multi30k_bin / "dict.en.txt"))
+    batch = validation_batch(multi30k_bin, dictionary, 48)
+    stock = init_scales(*SYSTEMS["transformer"], batch, dictionary)
+    low, high = min(stock["sublayer_rms"].values()) / 2, max(stock["sublayer_rms"].values()) * 2
+    arch, argv = SYSTEMS["partialformer"]
+    ours = init_scales(arch, argv, batch, dictionary)
+    assert all(low <= value <= high for value in ours["sublayer_rms"].values()), ours["sublayer_rms"]
+    assert 0.5 <= ours["encoder_grad_norm"] / stock["encoder_grad_norm"] <= 2
+    printed = init_scales(arch, [*argv, "--pg-ffn-as-printed", "--head-gate-bias-init", "0",
+                                 "--no-global-attention-norm"], batch, dictionary)
+    assert max(printed["sublayer_rms"].values()) < low
+    assert printed["encoder_grad_norm"] < stock["encoder_grad_norm"] / 10
+
+
+def test_checkpoints_from_before_the_released_codes_default_rebuild_as_trained():
+    """A config with the former ``pg_ffn_inner_residual`` flag: Eq. 5 as printed unless it was set,
+    and no A^G LayerNorms (the checkpoint holds none)."""
+    from argparse import Namespace
+    from fairseq_widearch.model_builder import parse_arch_args
+    from fairseq_widearch.models.partialformer import upgrade_legacy_args
+
+    for legacy, printed in ((False, True), (True, False)):
+        args = Namespace(**vars(parse_arch_args("partialformer_tiny")), pg_ffn_inner_residual=legacy)
+        upgrade_legacy_args(args)
+        assert args.pg_ffn_as_printed == printed and args.no_global_attention_norm
+        assert not hasattr(args, "pg_ffn_inner_residual")
+    model = build_model("partialformer_tiny", ["--pg-ffn-as-printed", "--no-global-attention-norm"], vocab_size=40)
+    assert model.encoder.global_logits.query_norm is None and not model.encoder.layers[0].self_attn.pg_ffn.inner_residual

@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+"""PartialFormer against the stock pre-norm Transformer of the comparison (docs/results.md): scale
+at initialisation, and training loss after the same number of updates.
+
+Init-time scales (one forward/backward on the first ``--sentences`` Multi30k val sentences, train
+mode, dropout 0): each sub-layer's output RMS (AFFN sub-layers; the Transformer's attention and FFN
+sub-layers) against the residual stream's, and the gradient norm of the encoder's non-embedding
+parameters. Then both train ``--updates`` updates with the comparison's settings (Adam (0.9, 0.98),
+lr 0.003, inverse sqrt with 300 warm-up updates, dropout 0.1, label smoothing 0.1, 4,096 tokens per
+batch, seed 1) through ``fairseq-train``, and the training loss (base 2, as fairseq logs it) at the
+last update is printed. The last line is one JSON object; ``ratio`` = PartialFormer's loss minus the
+Transformer's (target <= 0.2).
+
+    python benchmarks/partialformer_init_scale.py --data DATA_BIN [--updates 450] [--flags "..."]
+
+``DATA_BIN``: a binarized Multi30k En-De (``examples/multi30k/prepare.py``); ``--flags``: extra
+PartialFormer flags (e.g. ``--pg-ffn-as-printed``, to measure the printed Eq. 5).
+"""
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+import fairseq_widearch  # noqa: F401  (registers the plugin)
+from fairseq.data import Dictionary, data_utils
+from fairseq_widearch.model_builder import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TRANSFORMER = ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
+               "--decoder-attention-heads", "4", "--share-all-embeddings", "--encoder-layers", "4", "--decoder-layers",
+               "4", "--encoder-normalize-before", "--decoder-normalize-before"]
+SYSTEMS = {"transformer": ("transformer", TRANSFORMER), "partialformer": ("partialformer_multi30k", [])}
+TRAIN = ["--cpu", "--num-workers", "0", "--seed", "1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+         "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "300", "--label-smoothing", "0.1",
+         "--dropout", "0.1", "--max-tokens", "4096", "--criterion", "label_smoothed_cross_entropy",
+         "--log-format", "simple", "--log-interval", "1", "--no-save", "--disable-validation"]
+
+
+def validation_batch(data: Path, dictionary: Dictionary, sentences: int):
+    """The first ``sentences`` pairs of Multi30k val as one padded batch (fairseq's layout)."""
+    pairs = [data_utils.load_indexed_dataset(str(data / f"valid.en-de.{lang}"), dictionary) for lang in ("en", "de")]
+    src = [pairs[0][i] for i in range(sentences)]
+    tgt = [pairs[1][i] for i in range(sentences)]
+    pad, eos = dictionary.pad(), dictionary.eos()
+    return {"src_tokens": data_utils.collate_tokens(src, pad, eos, left_pad=True),
+            "src_lengths": torch.tensor([len(s) for s in src]),
+            "prev_output_tokens": data_utils.collate_tokens(tgt, pad, eos, left_pad=False, move_eos_to_beginning=True),
+            "target": data_utils.collate_tokens(tgt, pad, eos, left_pad=False)}
+
+
+def sublayer_modules(model) -> Dict[str, torch.nn.Module]:
+    """Name -> the module whose output is added to the residual stream (before dropout)."""
+    modules = {}
+    for stack in ("encoder", "decoder"):
+        for i, layer in enumerate(getattr(model, stack).layers):
+            for name in ("self_attn", "encoder_attn", "fc2"):
+                if getattr(layer, name, None) is not None:
+                    modules[f"{stack}.{i}.{name}"] = getattr(layer, name)
+    return modules
+
+
+def rms(t: torch.Tensor, mask: torch.Tensor) -> float:
+    """RMS over the non-padding positions; t ``(T, B, C)``, mask ``(B, T)`` True at padding."""
+    return t.float().pow(2).mean(-1).transpose(0, 1)[~mask].mean().sqrt().item()
+
+
+def init_scales(arch: str, argv: List[str], batch, dictionary: Dictionary, seed: int = 1) -> dict:
+    """Sub-layer output RMS, residual stream RMS and the encoder's non-embedding gradient norm."""
+    torch.manual_seed(seed)
+    model = build_model(arch, [*argv, "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"],
+                        src_dict=dictionary).train()
+    outputs: Dict[str, torch.Tensor] = {}
+    hooks = [module.register_forward_hook(lambda m, i, out, name=name: outputs.__setitem__(
+        name, out[0] if isinstance(out, tuple) else out)) for name, module in sublayer_modules(model).items()]
+    logits, extra = model(batch["src_tokens"], batch["src_lengths"], batch["prev_output_tokens"])
+    for hook in hooks:
+        hook.remove()
+    target = batch["target"]
+    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, ignore_index=dictionary.pad())
+    loss.backward()
+    src_pad, tgt_pad = batch["src_tokens"].eq(dictionary.pad()), target.eq(dictionary.pad())
+    sublayers = {name: rms(out, src_pad if name.startswith("encoder") else tgt_pad) for name, out in outputs.items()}
+    states = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"], return_all_hiddens=True)
+    encoder_grad = torch.stack([p.grad.norm() for name, p in model.encoder.named_parameters()
+                                if p.grad is not None and "embed" not in name]).norm().item()
+    return {"sublayer_rms": sublayers, "residual_rms": rms(states["encoder_states"][-1], src_pad),
+            "encoder_grad_norm": encoder_grad, "loss": loss.item()}
+
+
+def train_loss(data: Path, arch: str, argv: List[str], updates: int) -> float:
+    """Training loss (base 2) that fairseq-train logs at update ``updates``."""
+    out = subprocess.run([str(Path(sys.executable).parent / "fairseq-train"), str(data), "--user-dir",
+                          str(ROOT / "fairseq_widearch"), "--arch", arch, *argv, *TRAIN, "--max-update", str(updates)],
+                         capture_output=True, text=True, check=True).stdout
+    return float(re.search(rf"\bloss=([\d.]+),.*\bnum_updates={updates},", out).group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--updates", type=int, default=450)
+    parser.add_argument("--sentences", type=int, default=48)
+    parser.add_argument("--flags", default="", help="extra PartialFormer flags")
+    args = parser.parse_args()
+    dictionary = Dictionary.load(str(args.data / "dict.en.txt"))
+    batch = validation_batch(args.data, dictionary, args.sentences)
+    systems = {name: (arch, argv + (shlex.split(args.flags) if name == "partialformer" else []))
+               for name, (arch, argv) in SYSTEMS.items()}
+    result = {}
+    for name, (arch, argv) in systems.items():
+        scales = init_scales(arch, argv, batch, dictionary)
+        values = list(scales["sublayer_rms"].values())
+        print(f"{name}: sub-layer output RMS {min(values):.3f}-{max(values):.3f}, residual stream "
+              f"{scales['residual_rms']:.3f}, encoder gradient norm {scales['encoder_grad_norm']:.3f}")
+        result[name] = scales
+    if args.updates:
+        for name, (arch, argv) in systems.items():
+            result[name]["train_loss"] = train_loss(args.data, arch, argv, args.updates)
+            print(f"{name}: training loss at update {args.updates}: {result[name]['train_loss']:.3f}")
+    print(json.dumps({"benchmark": "partialformer_init_scale", "flags": args.flags, "updates": args.updates,
+                      **{name: {k: v for k, v in r.items() if k != "sublayer_rms"} for name, r in result.items()},
+                      "ratio": round(result["partialformer"].get("train_loss", 0)
+                                     - result["transformer"].get("train_loss", 0), 3)}))
+
+
+if __name__ == "__main__":
+    main()
