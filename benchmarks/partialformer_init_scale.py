@@ -7,8 +7,8 @@ mode, dropout 0): each sub-layer's output RMS (AFFN sub-layers; the Transformer'
 sub-layers) against the residual stream's, and the gradient norm of the encoder's non-embedding
 parameters. Then both train ``--updates`` updates with the comparison's settings (Adam (0.9, 0.98),
 lr 0.003, inverse sqrt with 300 warm-up updates, dropout 0.1, label smoothing 0.1, 4,096 tokens per
-batch, seed 1) through ``fairseq-train``, and the training loss (base 2, as fairseq logs it) at the
-last update is printed. The last line is one JSON object; ``ratio`` = PartialFormer's loss minus the
+batch, seed 1) through ``fairseq-train``, and the training loss (base 2, as fairseq logs it) over
+the last 50 updates is printed. The last line is one JSON object; ``ratio`` = PartialFormer's loss minus the
 Transformer's (target <= 0.2).
 
     python benchmarks/partialformer_init_scale.py --data DATA_BIN [--updates 450] [--flags "..."]
@@ -93,12 +93,14 @@ def init_scales(arch: str, argv: List[str], batch, dictionary: Dictionary, seed:
             "encoder_grad_norm": encoder_grad, "loss": loss.item()}
 
 
-def train_loss(data: Path, arch: str, argv: List[str], updates: int) -> float:
-    """Training loss (base 2) that fairseq-train logs at update ``updates``."""
+def train_loss(data: Path, arch: str, argv: List[str], updates: int, window: int = 50) -> float:
+    """Training loss (base 2, as fairseq-train logs it) averaged over updates ``updates - window + 1``
+    to ``updates`` (one batch alone is noisy), as ``--log-interval window`` would report it."""
     out = subprocess.run([str(Path(sys.executable).parent / "fairseq-train"), str(data), "--user-dir",
                           str(ROOT / "fairseq_widearch"), "--arch", arch, *argv, *TRAIN, "--max-update", str(updates)],
                          capture_output=True, text=True, check=True).stdout
-    return float(re.search(rf"\bloss=([\d.]+),.*\bnum_updates={updates},", out).group(1))
+    losses = {int(n): float(loss) for loss, n in re.findall(r"\bloss=([\d.]+),.*\bnum_updates=(\d+),", out)}
+    return sum(losses[n] for n in range(updates - window + 1, updates + 1)) / window
 
 
 def main():
@@ -122,7 +124,7 @@ def main():
     if args.updates:
         for name, (arch, argv) in systems.items():
             result[name]["train_loss"] = train_loss(args.data, arch, argv, args.updates)
-            print(f"{name}: training loss at update {args.updates}: {result[name]['train_loss']:.3f}")
+            print(f"{name}: training loss, updates {args.updates - 49}-{args.updates}: {result[name]['train_loss']:.3f}")
     print(json.dumps({"benchmark": "partialformer_init_scale", "flags": args.flags, "updates": args.updates,
                       **{name: {k: v for k, v in r.items() if k != "sublayer_rms"} for name, r in result.items()},
                       "ratio": round(result["partialformer"].get("train_loss", 0)
