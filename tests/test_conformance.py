@@ -193,3 +193,23 @@ def test_alignment_is_the_cross_attention_of_the_alignment_layer(arch):
     assert (last[0, :, :2] == 0).all()  # sentence 0 has two padding positions on the left
     assert torch.equal(last, explicit)
     assert not torch.allclose(first, last) and not torch.allclose(one_head, last)
+
+
+#: fairseq Transformer flags each architecture's own layers do not apply.
+UNAPPLIED = [("multipath_transformer_tiny", ["--quant-noise-pq", "0.1"]),
+             ("multipath_transformer_tiny", ["--cross-self-attention"]),
+             ("widenet_tiny", ["--encoder-layerdrop", "0.1"]), ("widenet_tiny", ["--decoder-layerdrop", "0.1"]),
+             ("widenet_tiny", ["--quant-noise-pq", "0.1"]), ("widenet_tiny", ["--cross-self-attention"]),
+             ("latent_depth_transformer_tiny", ["--encoder-layerdrop", "0.1"]),
+             ("latent_depth_transformer_tiny", ["--decoder-layerdrop", "0.1"]),
+             ("latent_depth_transformer_tiny", ["--cross-self-attention"]),
+             ("partialformer_tiny", ["--quant-noise-pq", "0.1"]), ("partialformer_tiny", ["--cross-self-attention"]),
+             ("partialformer_tiny", ["--activation-fn", "gelu"]),
+             ("scalable_transformer_tiny", ["--quant-noise-pq", "0.1"]),
+             ("scalable_transformer_tiny", ["--cross-self-attention"])]
+
+
+@pytest.mark.parametrize("arch,argv", UNAPPLIED)
+def test_fairseq_flags_the_layers_do_not_apply_fail_at_build_naming_the_flag(arch, argv):
+    with pytest.raises(ValueError, match=re.escape(argv[0])):
+        build_model(arch, argv, vocab_size=VOCAB)

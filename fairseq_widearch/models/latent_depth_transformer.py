@@ -38,7 +38,7 @@ from ..modules.language_pair import LanguagePairIndex
 from ..modules.layer_select import INFERENCE_MODES, LayerSelect
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
-from .validation import require, validate_transformer_sizes
+from .validation import reject_unapplied, require, validate_transformer_sizes
 
 
 @dataclass
@@ -225,6 +225,8 @@ def validate_latent_depth_config(args):
     require(args.encoder_normalize_before and args.decoder_normalize_before,
             "latent layers are pre-norm (Li et al. 2020, Eq. 1): --encoder-normalize-before and "
             "--decoder-normalize-before are required")
+    # LayerSelect is itself a learned layer drop; fairseq's random one would misalign z_l and layer l
+    reject_unapplied(args, "latent_depth_transformer", "encoder_layerdrop", "decoder_layerdrop", "cross_self_attention")
     require(0 < args.latent_threshold < 1, f"--latent-threshold must be in (0, 1), got {args.latent_threshold}")
     pairs, langtoks = args.latent_lang_pairs, args.latent_pair_langtoks
     require(len(pairs.split(",")) == len(langtoks.split(",")) if pairs else not langtoks,

@@ -34,7 +34,7 @@ from ..modules.multi_path import (
 )
 from .base import WideTransformerModel, added_defaults, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
-from .validation import require, require_positive, validate_transformer_sizes
+from .validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 
 
 @dataclass
@@ -163,6 +163,8 @@ def validate_multipath_config(args):
     require_positive(args, "encoder_paths", "decoder_paths")
     require(args.encoder_normalize_before,
             "multipath_transformer is pre-norm (Lin et al. 2022, Eq. 5): --encoder-normalize-before is required")
+    reject_unapplied(args, "multipath_transformer", "quant_noise_pq", *(
+        ["cross_self_attention"] if args.decoder_paths > 1 else []))
     require(args.decoder_paths == 1 or args.decoder_normalize_before,
             f"--decoder-paths {args.decoder_paths} builds pre-norm multi-path decoder layers (Eq. 5): "
             "--decoder-normalize-before is required")

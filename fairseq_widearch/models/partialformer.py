@@ -33,7 +33,7 @@ from ..modules.encoder_layer import EncoderLayer
 from ..modules.partial_attention import GATE_ACTIVATIONS, GlobalAttentionLogits, PartialAttention, PGFFN
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
-from .validation import require, require_positive
+from .validation import reject_unapplied, require, require_positive
 
 STACKS = ("both", "encoder", "decoder")
 
@@ -248,6 +248,9 @@ def validate_partialformer_config(args):
             require_positive(args, f"{side}_pg_ffn_ratio")
         if not is_partial(args, side):
             require_positive(args, f"{side}_ffn_embed_dim")
+    reject_unapplied(args, "partialformer", "quant_noise_pq", "cross_self_attention")
+    require(args.activation_fn == "relu" or args.no_pg_ffn,
+            f"--activation-fn {args.activation_fn}: the PG-FFNs use ReLU (Eq. 5); leave it out")
     require(args.encoder_normalize_before and args.decoder_normalize_before,
             "partialformer is pre-norm (Fig. 2): --encoder-normalize-before and --decoder-normalize-before are required")
 

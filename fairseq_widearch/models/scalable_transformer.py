@@ -28,7 +28,7 @@ from ..modules.encoder_layer import EncoderLayer
 from ..modules.slimmable import HEAD_DIM, CroppedPositions, SlimmableAttention, SlimmableLayerNorm, SlimmableLinear
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
 from .presets import set_defaults
-from .validation import require
+from .validation import reject_unapplied, require
 
 
 @dataclass
@@ -339,6 +339,7 @@ def validate_scalable_config(args):
             width_dropout(args, width)
         except ValueError:
             raise ValueError(f"--width-dropout must look like '256:0,448:0.1', got {args.width_dropout!r}")
+    reject_unapplied(args, "scalable_transformer", "quant_noise_pq", "cross_self_attention")
     require(args.encoder_normalize_before == args.decoder_normalize_before,
             "--encoder-normalize-before and --decoder-normalize-before must agree")
 

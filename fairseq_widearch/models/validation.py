@@ -31,3 +31,12 @@ def validate_transformer_sizes(args):
         dim, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
         require(dim % heads == 0,
                 f"--{side}-attention-heads {heads} does not divide --{side}-embed-dim {dim}")
+
+
+def reject_unapplied(args, arch: str, *names: str):
+    """Raise ``ValueError`` naming the first of fairseq's Transformer flags ``names`` that is set
+    (non-zero, True) although ``arch``'s own layers do not apply it (layer drop, quantization noise,
+    cross+self-attention), instead of training silently without it."""
+    for name in names:
+        value = getattr(args, name, None)
+        require(not value, f"{_flag(name)} {value} is not applied by {arch}'s layers: leave it out")

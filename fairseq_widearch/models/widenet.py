@@ -32,7 +32,7 @@ from ..modules.moe import Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
-from .validation import require, require_positive, validate_transformer_sizes
+from .validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 
 #: Keys of the auxiliary MoE outputs, each a list with one entry per routing call.
 MOE_KEYS = ("moe_balance_loss", "moe_dropped", "moe_load")
@@ -332,6 +332,8 @@ def validate_widenet_config(args):
         layers = getattr(args, f"{side}_layers")
         require(groups >= 0 and (groups == 0 or layers % groups == 0),
                 f"--widenet-routing-groups {groups} must be 0 or divide --{side}-layers {layers}")
+    reject_unapplied(args, "widenet", "encoder_layerdrop", "decoder_layerdrop", "quant_noise_pq",
+                     "cross_self_attention")
     require(args.encoder_normalize_before,
             "widenet is pre-norm (Xue et al. 2022, Eq. 6): --encoder-normalize-before is required")
     require(args.decoder_normalize_before or args.widenet_standard_decoder,
