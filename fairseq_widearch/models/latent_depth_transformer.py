@@ -36,7 +36,14 @@ from torch import Tensor
 
 from ..modules.language_pair import LanguagePairIndex
 from ..modules.layer_select import INFERENCE_MODES, LayerSelect
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
+from .base import (
+    LayerLoopDecoder,
+    LayerLoopEncoder,
+    WideTransformerModel,
+    added_defaults,
+    alignment_weights,
+    wrap_layer,
+)
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import reject_unapplied, require, validate_transformer_sizes
 

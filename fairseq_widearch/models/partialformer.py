@@ -31,7 +31,14 @@ from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.partial_attention import GATE_ACTIVATIONS, GlobalAttentionLogits, PartialAttention, PGFFN
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
+from .base import (
+    LayerLoopDecoder,
+    LayerLoopEncoder,
+    WideTransformerModel,
+    added_defaults,
+    alignment_weights,
+    wrap_layer,
+)
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import reject_unapplied, require, require_positive
 
