@@ -144,9 +144,10 @@ def run_latent_layers(layers, select: Optional[LayerSelect], pair: Optional[Tens
     else:
         z = select()
         weights, aux = select.layer_weights(z, pair), select.outputs(stack, z)
-    computed = [i for i, weight in enumerate(weights) if select is None or not _skipped(select, weight)]
-    if alignment_layer is not None:
-        alignment_layer = max([i for i in computed if i <= alignment_layer] or computed[:1] or [-1])
+    computed = {i for i, weight in enumerate(weights) if select is None or not _skipped(select, weight)}
+    if alignment_layer is not None:  # the last computed layer up to it (else the first computed one)
+        before = [i for i in computed if i <= alignment_layer]
+        alignment_layer = max(before) if before else min(computed, default=-1)
     for i, (layer, weight) in enumerate(zip(layers, weights)):
         if i in computed:
             z_l = weight if select is None else weight.to(x.dtype)

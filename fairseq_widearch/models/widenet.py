@@ -30,7 +30,14 @@ from torch import Tensor
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.moe import Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
+from .base import (
+    LayerLoopDecoder,
+    LayerLoopEncoder,
+    WideTransformerModel,
+    added_defaults,
+    alignment_weights,
+    wrap_layer,
+)
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 
