@@ -7,6 +7,8 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
   ``--required-batch-size-multiple`` (upstream issues #5036, #5351).
 * :func:`require_auxiliary_criterion`: a model whose objective has auxiliary losses (WideNet's
   balance loss, latent depth's KL and target depth) trained with a criterion that drops them.
+* :func:`resume_patience`: a resumed ``fairseq-train --patience N`` forgets how many validations
+  had not improved, and takes its first validation after resuming as the best.
 """
 import functools
 from typing import Optional
@@ -77,3 +79,47 @@ def require_auxiliary_criterion():
 
     __init__.checks_auxiliary_criterion = True
     Trainer.__init__ = __init__
+
+
+def _should_stop_early():
+    """fairseq-train's early-stopping function, which keeps its state on itself."""
+    from fairseq_cli import train
+
+    return train.should_stop_early
+
+
+def resume_patience():
+    """Keep ``--patience`` across a resumed fairseq-train.
+
+    ``fairseq_cli.train.should_stop_early`` holds the best validation loss and the number of
+    validations since it on the function object, which a new process starts afresh: an interrupted
+    run that resumes from ``checkpoint_last.pt`` trains up to ``--patience`` validations longer
+    than the same run uninterrupted, and the epochs or checkpoints it ends with differ. This stores
+    both in the checkpoint's extra state (key ``should_stop_early``) and restores them on load,
+    under fairseq's own condition for restoring the best checkpoint's loss (neither
+    ``--reset-optimizer`` nor ``--reset-meters``, so ``--finetune-from-model`` starts afresh).
+    Idempotent.
+    """
+    save, load = Trainer.save_checkpoint, Trainer.load_checkpoint
+    if getattr(save, "keeps_patience", False):
+        return
+
+    @functools.wraps(save)
+    def save_checkpoint(self, filename, extra_state):
+        stop = _should_stop_early()
+        if hasattr(stop, "best"):
+            extra_state = {**extra_state, "should_stop_early": {"best": stop.best, "num_runs": stop.num_runs}}
+        save(self, filename, extra_state)
+
+    @functools.wraps(load)
+    def load_checkpoint(self, filename, reset_optimizer=False, reset_lr_scheduler=False, optimizer_overrides=None,
+                        reset_meters=False):
+        extra_state = load(self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides, reset_meters)
+        state = (extra_state or {}).get("should_stop_early")
+        if state is not None and not reset_optimizer and not reset_meters:
+            stop = _should_stop_early()
+            stop.best, stop.num_runs = state["best"], state["num_runs"]
+        return extra_state
+
+    save_checkpoint.keeps_patience = True
+    Trainer.save_checkpoint, Trainer.load_checkpoint = save_checkpoint, load_checkpoint

@@ -89,3 +89,19 @@ def test_models_without_auxiliary_losses_train_with_any_criterion():
         assert auxiliary_criterion_error(build_model(arch, argv, vocab_size=40), criterion) is None
     assert "moe_label_smoothed_cross_entropy" in auxiliary_criterion_error(build_model("widenet_tiny", vocab_size=40),
                                                                            criterion)
+
+
+def epochs_trained(data, save_dir, max_epoch):
+    """Run (or resume) a stock tiny Transformer whose validation loss never improves (lr 0) under
+    ``--patience 2`` until ``max_epoch``; -> the epochs this call trained."""
+    out = train(data, save_dir, "transformer", *STOCK_TINY, "--lr", "0", "--patience", "2", "--max-epoch", max_epoch,
+                max_update=0, validate=True).stdout
+    return [int(n) for n in re.findall(r"end of epoch (\d+)", out)]
+
+
+def test_a_resumed_run_keeps_its_patience(multi30k_bin, tmp_path):
+    # Uninterrupted: epoch 1 sets the best, epochs 2 and 3 do not improve on it, so it stops after 3.
+    assert epochs_trained(multi30k_bin, tmp_path / "whole", 10) == [1, 2, 3]
+    # Interrupted after epoch 2 and resumed: it must stop after epoch 3 too (stock fairseq: 5).
+    assert epochs_trained(multi30k_bin, tmp_path / "resumed", 2) == [1, 2]
+    assert epochs_trained(multi30k_bin, tmp_path / "resumed", 10) == [3]
