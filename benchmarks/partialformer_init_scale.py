@@ -6,12 +6,12 @@ Init-time scales (one forward/backward on the first ``--sentences`` Multi30k val
 mode, dropout 0): each sub-layer's output RMS (AFFN sub-layers; the Transformer's attention and FFN
 sub-layers) against the residual stream's, and the gradient norm of the encoder's non-embedding
 parameters. Then both train ``--updates`` updates with the comparison's settings (Adam (0.9, 0.98),
-lr 0.003, inverse sqrt with 300 warm-up updates, dropout 0.1, label smoothing 0.1, 4,096 tokens per
-batch, seed 1) through ``fairseq-train``, and the training loss (base 2, as fairseq logs it) over
-the last 50 updates is printed. The last line is one JSON object; ``ratio`` = PartialFormer's loss minus the
-Transformer's (target <= 0.2).
+lr 0.003, inverse sqrt with 300 warm-up updates, dropout, attention and activation dropout 0.1,
+label smoothing 0.1, 4,096 tokens per batch, seed ``--seed``) through ``fairseq-train``, and the
+training loss (base 2, as fairseq logs it) over the last 50 updates is printed. The last line is
+one JSON object; ``ratio`` = PartialFormer's loss minus the Transformer's (target <= 0.2).
 
-    python benchmarks/partialformer_init_scale.py --data DATA_BIN [--updates 450] [--flags "..."]
+    python benchmarks/partialformer_init_scale.py --data DATA_BIN [--updates 450] [--seed 1] [--flags "..."]
 
 ``DATA_BIN``: a binarized Multi30k En-De (``examples/multi30k/prepare.py``); ``--flags``: extra
 PartialFormer flags (e.g. ``--pg-ffn-as-printed``, to measure the printed Eq. 5).
@@ -32,13 +32,13 @@ from fairseq.data import Dictionary, data_utils
 from fairseq_widearch.model_builder import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
-TRANSFORMER = ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
-               "--decoder-attention-heads", "4", "--share-all-embeddings", "--encoder-layers", "4", "--decoder-layers",
-               "4", "--encoder-normalize-before", "--decoder-normalize-before"]
+sys.path.insert(0, str(ROOT / "examples" / "compare"))
+from compare import BODY, OPTIMISATION  # noqa: E402  (the comparison's body and settings)
+
+TRANSFORMER = [*BODY, "--encoder-layers", "4", "--decoder-layers", "4", "--encoder-normalize-before",
+               "--decoder-normalize-before"]
 SYSTEMS = {"transformer": ("transformer", TRANSFORMER), "partialformer": ("partialformer_multi30k", [])}
-TRAIN = ["--cpu", "--num-workers", "0", "--seed", "1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-         "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "300", "--label-smoothing", "0.1",
-         "--dropout", "0.1", "--max-tokens", "4096", "--criterion", "label_smoothed_cross_entropy",
+TRAIN = ["--cpu", "--num-workers", "0", *OPTIMISATION, "--criterion", "label_smoothed_cross_entropy",
          "--log-format", "simple", "--log-interval", "1", "--no-save", "--disable-validation"]
 
 
@@ -93,11 +93,12 @@ def init_scales(arch: str, argv: List[str], batch, dictionary: Dictionary, seed:
             "encoder_grad_norm": encoder_grad, "loss": loss.item()}
 
 
-def train_loss(data: Path, arch: str, argv: List[str], updates: int, window: int = 50) -> float:
+def train_loss(data: Path, arch: str, argv: List[str], updates: int, seed: int, window: int = 50) -> float:
     """Training loss (base 2, as fairseq-train logs it) averaged over updates ``updates - window + 1``
     to ``updates`` (one batch alone is noisy), as ``--log-interval window`` would report it."""
     out = subprocess.run([str(Path(sys.executable).parent / "fairseq-train"), str(data), "--user-dir",
-                          str(ROOT / "fairseq_widearch"), "--arch", arch, *argv, *TRAIN, "--max-update", str(updates)],
+                          str(ROOT / "fairseq_widearch"), "--arch", arch, *argv, *TRAIN, "--seed", str(seed),
+                          "--max-update", str(updates)],
                          capture_output=True, text=True, check=True).stdout
     losses = {int(n): float(loss) for loss, n in re.findall(r"\bloss=([\d.]+),.*\bnum_updates=(\d+),", out)}
     return sum(losses[n] for n in range(updates - window + 1, updates + 1)) / window
@@ -109,6 +110,7 @@ def main():
     parser.add_argument("--updates", type=int, default=450)
     parser.add_argument("--sentences", type=int, default=48)
     parser.add_argument("--flags", default="", help="extra PartialFormer flags")
+    parser.add_argument("--seed", type=int, default=1, help="training seed of both systems")
     args = parser.parse_args()
     dictionary = Dictionary.load(str(args.data / "dict.en.txt"))
     batch = validation_batch(args.data, dictionary, args.sentences)
@@ -123,9 +125,11 @@ def main():
         result[name] = scales
     if args.updates:
         for name, (arch, argv) in systems.items():
-            result[name]["train_loss"] = train_loss(args.data, arch, argv, args.updates)
-            print(f"{name}: training loss, updates {args.updates - 49}-{args.updates}: {result[name]['train_loss']:.3f}")
-    print(json.dumps({"benchmark": "partialformer_init_scale", "flags": args.flags, "updates": args.updates,
+            result[name]["train_loss"] = train_loss(args.data, arch, argv, args.updates, args.seed)
+            print(f"{name}: training loss, updates {args.updates - 49}-{args.updates}: "
+                  f"{result[name]['train_loss']:.3f}")
+    print(json.dumps({"benchmark": "partialformer_init_scale", "flags": args.flags, "seed": args.seed,
+                      "updates": args.updates,
                       **{name: {k: v for k, v in r.items() if k != "sublayer_rms"} for name, r in result.items()},
                       "ratio": round(result["partialformer"].get("train_loss", 0)
                                      - result["transformer"].get("train_loss", 0), 3)}))

@@ -40,9 +40,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "multi30k"))
 from score import corpus_bleu, generate  # noqa: E402  (the quick start's decoding and scoring)
 
-COMMON = ["--cpu", "--num-workers", "0", "--seed", "1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-          "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "300", "--label-smoothing", "0.1",
-          "--dropout", "0.1", "--max-tokens", "4096", "--max-epoch", "100", "--no-epoch-checkpoints",
+#: Optimisation and regularisation shared by every system (also examples/claims/study.py).
+OPTIMISATION = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.003", "--lr-scheduler", "inverse_sqrt",
+                "--warmup-updates", "300", "--label-smoothing", "0.1", "--dropout", "0.1", "--attention-dropout", "0.1",
+                "--activation-dropout", "0.1", "--max-tokens", "4096"]
+COMMON = ["--cpu", "--num-workers", "0", "--seed", "1", *OPTIMISATION, "--max-epoch", "100", "--no-epoch-checkpoints",
           "--log-format", "simple", "--log-interval", "50"]
 BODY = ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
         "--decoder-attention-heads", "4", "--share-all-embeddings"]
@@ -236,11 +238,17 @@ def plot(rows, path: Path):
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def data_arguments(description: str) -> argparse.ArgumentParser:
+    """A parser with the Multi30k data flags: ``--data``, ``--bpe-codes``, ``--ref``."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="fairseq data directory (En-De, joined dictionary)")
     p.add_argument("--bpe-codes", required=True)
     p.add_argument("--ref", required=True, help="raw German reference of test_2016")
+    return p
+
+
+def main(argv=None):
+    p = data_arguments(__doc__)
     p.add_argument("--minutes", type=float, default=10, help="training wall-clock budget of every system")
     p.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "compare")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))

@@ -26,16 +26,17 @@ def read_hypotheses(path):
 
 
 def generate(data, checkpoint, out, bpe_codes, beam, lenpen, *extra, subset="test", source_lang="en",
-             target_lang="de"):
+             target_lang="de", cpu=True):
     """Decode ``subset`` with ``fairseq-generate`` (beam search, Moses and subword-nmt undone in the
-    ``D-`` lines; ``extra``: more flags), write its output to ``out`` and return its log (stderr,
-    which holds the "Translated N sentences ... (X sentences/s ...)" timing line).
+    ``D-`` lines; ``extra``: more flags; ``cpu=False``: on fairseq's default device, CUDA if there is
+    one), write its output to ``out`` and return its log (stderr, which holds the "Translated N
+    sentences ... (X sentences/s ...)" timing line).
 
     Raises:
         subprocess.CalledProcessError: if fairseq-generate fails (its log in ``stderr``).
     """
     cmd = [Path(sys.executable).parent / "fairseq-generate", data, "--user-dir", ROOT / "fairseq_widearch",
-           "--path", checkpoint, "--gen-subset", subset, "--cpu", "--beam", beam, "--lenpen", lenpen,
+           "--path", checkpoint, "--gen-subset", subset, *(["--cpu"] if cpu else []), "--beam", beam, "--lenpen", lenpen,
            "--batch-size", "128", "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", bpe_codes,
            "--source-lang", source_lang, "--target-lang", target_lang, *extra]
     with open(out, "w") as f:

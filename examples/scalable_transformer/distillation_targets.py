@@ -3,7 +3,7 @@ beam outputs on the training set, binarized with the original dictionaries.
 
     python examples/scalable_transformer/distillation_targets.py --data BIN --checkpoint CKPT --out OUT_BIN
         [--source-lang en --target-lang de] [--beam 4 --lenpen 0.6] [--max-len 250 --max-ratio 20]
-        [--max-tokens 8192]
+        [--max-tokens 8192] [--device cpu|cuda]
 
 1. ``fairseq-generate --gen-subset train`` with the widest model (beam 4, length penalty 0.6);
 2. drops pairs whose source or output is longer than ``--max-len`` tokens or whose length ratio
@@ -27,7 +27,8 @@ def decode_training_set(args) -> dict:
     proc = subprocess.run(
         [str(a) for a in [BIN / "fairseq-generate", args.data, "--user-dir", PLUGIN, "--path", args.checkpoint, "--gen-subset", "train",
          "--source-lang", args.source_lang, "--target-lang", args.target_lang, "--beam", str(args.beam),
-         "--lenpen", str(args.lenpen), "--max-tokens", str(args.max_tokens), "--cpu",
+         "--lenpen", str(args.lenpen), "--max-tokens", str(args.max_tokens),
+         *(["--cpu"] if args.device == "cpu" else []),
          "--max-len-a", "0", "--max-len-b", str(args.max_len + 1),  # longer outputs would be dropped anyway
          "--skip-invalid-size-inputs-valid-test"]],  # the model is built at its widest sub-Transformer
         capture_output=True, text=True)
@@ -61,6 +62,7 @@ def main(argv=None):
     p.add_argument("--max-len", type=int, default=250, help="drop pairs with a side longer than this (tokens)")
     p.add_argument("--max-ratio", type=float, default=20.0, help="drop pairs with a length ratio above this")
     p.add_argument("--max-tokens", type=int, default=8192, help="decoding batch size in source tokens")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where fairseq-generate decodes")
     args = p.parse_args(argv)
     out = Path(args.out)
     (out / "text").mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Each paper's central claim in miniature on Multi30k En->De, every system trained to convergence
+# (docs/claims.md). Prepares the quick start's data, then runs examples/claims/study.py: each run
+# is independent and resumable, finished runs are skipped, so the study can run in parts.
+#
+#   bash examples/claims/multi30k.sh [--claims multipath,widenet,scalable,latent_depth,partialformer]
+#        [--jobs N] [--device cpu|cuda] [--work-dir DIR] [--data-dir DIR] [--figures DIR]
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DATA_DIR="${MULTI30K_DIR:-}"
+WORK="$ROOT/runs/multi30k"
+VENV="${VENV:-$ROOT/.venv}"
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --data-dir) DATA_DIR="$2"; shift 2 ;;
+    --work-dir) WORK="$2"; shift 2 ;;
+    --claims|--jobs|--device|--figures) ARGS+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+source "$ROOT/examples/multi30k/setup.sh"
+
+"$PY" "$ROOT/examples/claims/study.py" --data "$WORK/data/bin" --bpe-codes "$WORK/data/bpe/codes" \
+  --ref "$WORK/data/test.ref.de" --work-dir "$WORK/claims" "${ARGS[@]}"

@@ -1,0 +1,355 @@
+#!/usr/bin/env python
+"""Each paper's central claim in miniature, every system trained to convergence (docs/claims.md).
+
+    python examples/claims/study.py --data BIN --bpe-codes CODES --ref REFERENCE [--work-dir runs/claims]
+        [--claims multipath,widenet,scalable,latent_depth,partialformer] [--jobs 1] [--device cpu|cuda]
+        [--max-epoch 40] [--patience 3] [--beam 5] [--max-len-b 200] [--figures DIR]
+
+A claim is the paper's design and its own baselines, each the shared Multi30k body (d 128, FFN
+512, 4 heads) changed the way the paper changes it. Every system trains with the comparison's
+optimisation (``examples/compare/compare.py``'s ``OPTIMISATION``: Adam (0.9, 0.98), lr 0.003,
+inverse sqrt with 300 warm-up updates, label smoothing 0.1, dropout, attention and activation
+dropout 0.1, 4,096 tokens per batch; the scalable claim keeps its paper's dropout by width on both
+sides) until the validation loss has not improved for ``--patience`` epochs, at most
+``--max-epoch``. The last 5 epoch checkpoints are averaged (all of them when fewer were trained),
+and the average is scored: validation loss (label-smoothed, bits, ``fairseq-validate``) and
+sacreBLEU on test_2016 (``fairseq-generate``, beam 5, length penalty 1.0).
+
+Every run (claim, system, seed) is independent: its result is appended to ``WORK/results.jsonl``
+and a run already there is skipped, an interrupted one resumes from its ``checkpoint_last.pt``
+(patience included: ``fairseq_widearch.fairseq_fixes.resume_patience``). ``--jobs N`` runs N at
+once (on a GPU many small runs share the device; on a CPU they share the cores). Seed 1 comes
+first; where the paper's design ends within 1 BLEU of one of its baselines, every system of that
+claim also runs with seed 2. Last, a markdown table per claim is printed and a bar figure per claim
+drawn (``claim_<name>.png`` in ``--figures``, default WORK).
+"""
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading its checkpoints)
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq_widearch.cli.average_checkpoints import average
+from fairseq_widearch.cli.plotting import pyplot
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+sys.path[:0] = [str(ROOT / "examples" / "multi30k"), str(ROOT / "examples" / "compare")]
+from compare import BODY, OPTIMISATION, data_arguments  # noqa: E402  (the comparison's settings)
+from score import corpus_bleu, generate  # noqa: E402  (the quick start's decoding and scoring)
+
+AVERAGED = 5
+SEEDS = (1, 2)
+#: Seed 2 runs for every system of a claim whose design ends this close (BLEU) to a baseline.
+CLOSE_BLEU = 1.0
+PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
+#: Scalable Transformers (Gao et al. 2021, Appendix B): dropout by width, on both sides of the claim.
+SCALABLE_DROPOUT = {64: 0.0, 128: 0.1, 192: 0.2, 256: 0.3}
+
+
+@dataclass(frozen=True)
+class System:
+    """One trained model: ``flags`` for fairseq-train (arch and model), ``evaluate``: extra
+    ``--model-overrides`` for validation and decoding, ``widths``: a scalable model, scored per width."""
+
+    name: str
+    flags: Tuple[str, ...]
+    evaluate: Dict[str, str] = field(default_factory=dict)
+    widths: Tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The paper's design against its own baselines; ``pairs``: the (design row, baseline row)
+    comparisons that decide it (rows are system names, ``"<name> w<width>"`` for a scalable model)."""
+
+    name: str
+    statement: str
+    systems: Tuple[System, ...]
+    pairs: Tuple[Tuple[str, str], ...]
+
+
+def transformer(name: str, encoder_layers: int, decoder_layers: int, *extra: str) -> System:
+    """The stock pre-norm fairseq Transformer on the shared Multi30k body."""
+    return System(name, ("--arch", "transformer", *BODY, "--encoder-layers", str(encoder_layers), "--decoder-layers",
+                         str(decoder_layers), *PRE_NORM, *extra))
+
+
+def independent(width: int) -> System:
+    """A post-norm Transformer of one width, shaped as the scalable model's sub-Transformer of that
+    width (3 + 3 layers, heads of 64, FFN 4 × width, its width's dropout)."""
+    return System(f"independent w{width}", (
+        "--arch", "transformer", "--encoder-embed-dim", str(width), "--encoder-ffn-embed-dim", str(4 * width),
+        "--encoder-attention-heads", str(width // 64), "--decoder-attention-heads", str(width // 64),
+        "--encoder-layers", "3", "--decoder-layers", "3", "--share-all-embeddings",
+        "--dropout", str(SCALABLE_DROPOUT[width])))
+
+
+def build_claims() -> Dict[str, Claim]:
+    multipath = ("--arch", "multipath_transformer_multi30k", "--encoder-paths", "4", "--encoder-layers", "3")
+    widenet = ("--arch", "widenet_multi30k", "--moe-balance-weight", "0.01")
+    latent = ("--arch", "latent_depth_transformer_multi30k", "--decoder-layers", "12", "--latent-kl-weight", "1.0",
+              "--latent-kl-anneal-updates", "300", "--latent-target-layers", "6")
+    widths = tuple(SCALABLE_DROPOUT)
+    scalable = ("--arch", "scalable_transformer_multi30k", "--task", "scalable_translation",
+                "--criterion", "scalable_self_distillation", "--dropout", str(SCALABLE_DROPOUT[widths[-1]]))
+    claims = [
+        Claim("multipath", "Multi-path (Table 2, Fig. 1): at equal parameters and FLOPs a shallow multi-path encoder "
+              "beats a deep single-path one and the plain shallow one",
+              (System("multi-path 3 x 4", multipath), transformer("deep 12 x 1", 12, 3),
+               transformer("shallow 3 x 1", 3, 3)),
+              (("multi-path 3 x 4", "deep 12 x 1"), ("multi-path 3 x 4", "shallow 3 x 1"))),
+        Claim("widenet", "WideNet (Tables 2-3): one MoE shared across blocks with individual LayerNorms beats one "
+              "shared dense FFN, and sharing the LayerNorms too hurts",
+              (System("WideNet", widenet), System("shared dense FFN", (*widenet, "--widenet-dense-ffn")),
+               System("shared LayerNorms", (*widenet, "--widenet-shared-layer-norm")),
+               transformer("unshared Transformer", 3, 3)),
+              (("WideNet", "shared dense FFN"), ("WideNet", "shared LayerNorms"))),
+        Claim("scalable", "Scalable Transformers (Table 2): the sub-Transformers of one model trained in three stages "
+              "match or beat models of those widths trained independently",
+              (System("scalable", scalable, widths=widths), *(independent(w) for w in widths)),
+              tuple((f"scalable w{w}", f"independent w{w}") for w in widths)),
+        Claim("latent_depth", "Latent depth (Tables 2-3): with a deeper decoder, learned layer selection matches or "
+              "beats the static model of that depth and the static model of the selected depth",
+              (System("LL-D 12, K = 6", latent, evaluate={"latent_inference": "hard"}),
+               transformer("static 12", 3, 12), transformer("static 6", 3, 6)),
+              (("LL-D 12, K = 6", "static 12"), ("LL-D 12, K = 6", "static 6"))),
+        Claim("partialformer", "PartialFormer (Table 1): fewer parameters than the Transformer, and better BLEU",
+              (System("PartialFormer", ("--arch", "partialformer_multi30k")),
+               transformer("Transformer 4 + 4", 4, 4)),
+              (("PartialFormer", "Transformer 4 + 4"),)),
+        # The study's machinery on two `_tiny` presets (its CI test), not a paper claim.
+        Claim("tiny", "smoke test: two tiny presets",
+              (System("widenet_tiny", ("--arch", "widenet_tiny")),
+               System("multipath_transformer_tiny", ("--arch", "multipath_transformer_tiny"))),
+              (("widenet_tiny", "multipath_transformer_tiny"),)),
+    ]
+    return {claim.name: claim for claim in claims}
+
+
+CLAIMS = build_claims()
+
+
+def criterion(flags: Sequence[str]) -> List[str]:
+    """The arch's auxiliary-loss criterion (WideNet's and latent depth's), else label-smoothed CE."""
+    if "--criterion" in flags:
+        return []
+    arch = ARCH_MODEL_REGISTRY[flags[list(flags).index("--arch") + 1]]
+    return ["--criterion", getattr(arch, "auxiliary_criterion", None) or "label_smoothed_cross_entropy"]
+
+
+def device_flags(args) -> List[str]:
+    return ["--cpu"] if args.device == "cpu" else []
+
+
+def fairseq_train(args, data, flags: Sequence[str], save: Path, seed: int, *extra) -> dict:
+    """Train (or resume) to convergence in ``save``; -> epochs, updates and training seconds."""
+    save.mkdir(parents=True, exist_ok=True)
+    cmd = [BIN / "fairseq-train", data, "--user-dir", ROOT / "fairseq_widearch", *device_flags(args),
+           "--num-workers", "0", *OPTIMISATION, *flags, *criterion(flags), "--seed", seed, "--save-dir", save,
+           "--max-epoch", args.max_epoch, "--patience", args.patience, "--keep-last-epochs", AVERAGED,
+           "--log-format", "simple", "--log-interval", "100", *extra]
+    with open(save / "train.log", "a") as log:
+        subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, check=True)
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu")
+    # a run stops at an epoch's end, where fairseq stores the iterator's next epoch
+    return {"epochs": state["extra_state"]["train_iterator"]["epoch"] - 1,
+            "updates": state["optimizer_history"][-1]["num_updates"],
+            "train_seconds": round(state["extra_state"]["previous_training_time"], 1)}
+
+
+def average_last_epochs(save: Path) -> Path:
+    """Average the last (up to) 5 epoch checkpoints of ``save`` into ``checkpoint_avg.pt``."""
+    epochs = sorted((int(m[1]), p) for p in save.glob("checkpoint*.pt") if (m := re.fullmatch(r"checkpoint(\d+)\.pt",
+                                                                                              p.name)))
+    out = save / "checkpoint_avg.pt"
+    torch.save(average([p for _, p in epochs[-AVERAGED:]]), out)
+    return out
+
+
+def overrides(values: Dict[str, str]) -> List[str]:
+    return ["--model-overrides", repr(values)] if values else []
+
+
+def score(args, checkpoint: Path, system: System, width: int = 0) -> dict:
+    """Validation loss (bits; label-smoothed and NLL) and test_2016 sacreBLEU of ``checkpoint``
+    (``width``: of that sub-Transformer of a scalable model)."""
+    task = system.flags[system.flags.index("--task") + 1] if "--task" in system.flags else "translation"
+    # fairseq-validate builds the checkpoint's own task (overridable); fairseq-generate the command line's
+    validate = overrides({**system.evaluate, **({"eval_width": str(width)} if width else {})})
+    valid = subprocess.run([str(c) for c in [BIN / "fairseq-validate", args.data, "--user-dir",
+                                             ROOT / "fairseq_widearch", "--task", task, "--path", checkpoint,
+                                             "--valid-subset", "valid", "--max-tokens", "4096", *device_flags(args),
+                                             *validate]], capture_output=True, text=True, check=True)
+    losses = re.search(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+)", valid.stdout + valid.stderr)
+    out = checkpoint.with_name(f"generate{'-w%d' % width if width else ''}.txt")
+    generate(args.data, checkpoint, out, args.bpe_codes, args.beam, "1.0", "--max-len-b", args.max_len_b,
+             "--task", task, *(["--eval-width", width] if width else []), *overrides(system.evaluate),
+             cpu=args.device == "cpu")
+    bleu, signature = corpus_bleu(out, args.ref)
+    return {"valid_loss": float(losses[1]), "valid_nll_loss": float(losses[2]), "bleu": round(bleu.score, 2),
+            "bleu_signature": str(signature)}
+
+
+def parameters(checkpoint: Path, width: int = 0) -> int:
+    """Parameters of the model (``width``: of that sub-Transformer), the stats tool's count."""
+    from fairseq import checkpoint_utils
+    from fairseq_widearch.cli.stats import param_counts, sub_transformer_param_counts
+    [model], _ = checkpoint_utils.load_model_ensemble([str(checkpoint)])
+    if width:
+        model.set_sample_config(width)
+        return sub_transformer_param_counts(model)["params"]
+    return param_counts(model)["params"]
+
+
+def train_scalable(args, system: System, run: Path, seed: int) -> dict:
+    """Stages 1-3 (Eqs. 6, 7, 9), each to convergence with a fresh Adam; stage 3 on the stage-2
+    model's beam outputs for the training set. -> the totals over the stages."""
+    stage1 = fairseq_train(args, args.data, system.flags, run / "stage1", seed, "--distill-stage", "1")
+    stage2 = fairseq_train(args, args.data, system.flags, run / "stage2", seed, "--distill-stage", "2",
+                           "--lambda2-anneal-updates", "100", "--finetune-from-model",
+                           run / "stage1" / "checkpoint_last.pt")
+    distilled, timing = run / "distilled", run / "distilled.json"
+    if not timing.exists():
+        start = time.perf_counter()
+        subprocess.run([sys.executable, ROOT / "examples" / "scalable_transformer" / "distillation_targets.py",
+                        "--data", args.data, "--checkpoint", run / "stage2" / "checkpoint_last.pt", "--out", distilled,
+                        "--device", args.device],
+                       check=True, capture_output=True)
+        timing.write_text(json.dumps({"seconds": round(time.perf_counter() - start, 1)}))
+    stage3 = fairseq_train(args, distilled, system.flags, run / "stage3", seed, "--distill-stage", "3",
+                           "--lambda3", "0.9", "--finetune-from-model", run / "stage2" / "checkpoint_last.pt")
+    stages = (stage1, stage2, stage3)
+    return {"epochs": "+".join(str(s["epochs"]) for s in stages), "updates": sum(s["updates"] for s in stages),
+            "train_seconds": round(sum(s["train_seconds"] for s in stages)
+                                   + json.loads(timing.read_text())["seconds"], 1)}
+
+
+def run_dir(work: Path, claim: Claim, system: System, seed: int) -> Path:
+    return work / claim.name / re.sub(r"\W+", "_", system.name) / f"seed{seed}"
+
+
+def run_system(args, claim: Claim, system: System, seed: int) -> List[dict]:
+    """Train one system to convergence, average and score it: one row (one per width if scalable)."""
+    run = run_dir(args.work_dir, claim, system, seed)
+    head = {"claim": claim.name, "seed": seed}
+    if not system.widths:
+        training = fairseq_train(args, args.data, system.flags, run, seed)
+        checkpoint = average_last_epochs(run)
+        return [{**head, "system": system.name, **training, "params": parameters(checkpoint),
+                 **score(args, checkpoint, system)}]
+    training = train_scalable(args, system, run, seed)
+    checkpoint = average_last_epochs(run / "stage3")
+    return [{**head, "system": f"{system.name} w{w}", **training, "params": parameters(checkpoint, w),
+             **score(args, checkpoint, system, w)} for w in system.widths]
+
+
+def close_claims(rows: List[dict], claims: Sequence[Claim]) -> List[Claim]:
+    """Claims whose design ends within ``CLOSE_BLEU`` of a baseline at seed 1."""
+    bleu = {(r["claim"], r["system"]): r["bleu"] for r in rows if r["seed"] == SEEDS[0]}
+    return [c for c in claims if any(abs(bleu[c.name, a] - bleu[c.name, b]) < CLOSE_BLEU for a, b in c.pairs)]
+
+
+class Results:
+    """``results.jsonl``: one row per (claim, system, seed), appended as runs finish (thread-safe)."""
+
+    def __init__(self, path: Path):
+        self.path, self.lock = path, threading.Lock()
+        self.rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def done(self, claim: Claim, system: System, seed: int) -> bool:
+        names = [f"{system.name} w{w}" for w in system.widths] or [system.name]
+        found = {(r["claim"], r["system"], r["seed"]) for r in self.rows}
+        return all((claim.name, name, seed) in found for name in names)
+
+    def add(self, rows: List[dict]):
+        with self.lock:
+            with open(self.path, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            self.rows.extend(rows)
+
+
+def run_all(args, results: Results, claims: Sequence[Claim], seed: int):
+    todo = [(c, s) for c in claims for s in c.systems if not results.done(c, s, seed)]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for rows in pool.map(lambda job: run_system(args, *job, seed), todo):
+            results.add(rows)
+
+
+def joined(runs: List[dict], key: str, form: str = "{}") -> str:
+    return ", ".join(form.format(r[key]) for r in runs)
+
+
+def mean(runs: List[dict], key: str) -> float:
+    return sum(r[key] for r in runs) / len(runs)
+
+
+def table(rows: List[dict], claim: Claim) -> str:
+    """Markdown: one line per system, seeds averaged (each seed's BLEU listed)."""
+    lines = ["| system | params | epochs | updates | train time (s) | valid loss | BLEU (per seed) |",
+             "|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["system"] for r in rows if r["claim"] == claim.name):
+        runs = sorted((r for r in rows if r["claim"] == claim.name and r["system"] == name), key=lambda r: r["seed"])
+        lines.append(f"| {name} | {runs[0]['params'] / 1e6:.2f}M | {joined(runs, 'epochs')} | "
+                     f"{joined(runs, 'updates')} | "
+                     f"{joined(runs, 'train_seconds', '{:.0f}')} | {mean(runs, 'valid_loss'):.3f} | "
+                     f"{mean(runs, 'bleu'):.2f} ({joined(runs, 'bleu', '{:.2f}')}) |")
+    return "\n".join(lines)
+
+
+def plot(rows: List[dict], claim: Claim, path: Path):
+    """BLEU per system: a bar at the mean over seeds, a dot per seed; the design's bars darker."""
+    plt = pyplot()
+    names = list(dict.fromkeys(r["system"] for r in rows if r["claim"] == claim.name))
+    design = {a for a, _ in claim.pairs}
+    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(names), 3.4))
+    for i, name in enumerate(names):
+        bleu = [r["bleu"] for r in rows if r["claim"] == claim.name and r["system"] == name]
+        ax.bar(i, sum(bleu) / len(bleu), color="tab:blue" if name in design else "tab:gray", alpha=0.8)
+        ax.scatter([i] * len(bleu), bleu, color="black", s=12, zorder=3)
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("sacreBLEU, test_2016")
+    ax.set_title(claim.name, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    p = data_arguments(__doc__)
+    p.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "claims")
+    p.add_argument("--claims", default="multipath,widenet,scalable,latent_depth,partialformer",
+                   help="comma-separated subset of " + ",".join(CLAIMS))
+    p.add_argument("--jobs", type=int, default=1, help="runs at once")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--max-epoch", type=int, default=40)
+    p.add_argument("--patience", type=int, default=3, help="epochs without a better validation loss before stopping")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--max-len-b", type=int, default=200, help="longest output in tokens (fairseq's default 200)")
+    p.add_argument("--figures", type=Path, help="directory of the claim_<name>.png figures (default WORK)")
+    args = p.parse_args(argv)
+    unknown = set(args.claims.split(",")) - set(CLAIMS)
+    if unknown:
+        p.error(f"unknown claims {sorted(unknown)}; choose from {', '.join(CLAIMS)}")
+    claims = [CLAIMS[name] for name in args.claims.split(",")]
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    results = Results(args.work_dir / "results.jsonl")
+    run_all(args, results, claims, SEEDS[0])
+    run_all(args, results, close_claims(results.rows, claims), SEEDS[1])
+    for claim in claims:
+        print(f"\n## {claim.statement}\n\n{table(results.rows, claim)}")
+        plot(results.rows, claim, (args.figures or args.work_dir) / f"claim_{claim.name}.png")
+
+
+if __name__ == "__main__":
+    main()

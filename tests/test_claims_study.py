@@ -1,0 +1,57 @@
+"""examples/claims/study.py on its tiny claim: two `_tiny` runs, one resumed, skipped once done."""
+import json
+import sys
+from argparse import Namespace
+
+from conftest import REPO, run
+
+sys.path.insert(0, str(REPO / "examples" / "claims"))
+import study  # noqa: E402
+
+STUDY = REPO / "examples" / "claims" / "study.py"
+
+
+def run_study(data, work, max_epoch=2):
+    """The study's tiny claim in ``work``; -> (its printed table, its result rows)."""
+    root = data.parent
+    out = run([sys.executable, STUDY, "--data", data, "--bpe-codes", root / "bpe" / "codes", "--ref",
+               root / "test.ref.de", "--work-dir", work, "--claims", "tiny", "--max-epoch", max_epoch,
+               "--beam", 1, "--max-len-b", 8]).stdout  # untrained models would loop to 200 tokens
+    return out, [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines()]
+
+
+def without_timing(rows):
+    return sorted(({k: v for k, v in r.items() if k != "train_seconds"} for r in rows),
+                  key=lambda r: (r["system"], r["seed"]))
+
+
+def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_bin, tmp_path):
+    _, whole = run_study(multi30k_bin, tmp_path / "whole")
+    # An interrupted run: the first system trained for one epoch, nothing scored yet.
+    claim = study.CLAIMS["tiny"]
+    interrupted = study.run_dir(tmp_path / "resumed", claim, claim.systems[0], 1)
+    study.fairseq_train(Namespace(device="cpu", max_epoch=1, patience=3), multi30k_bin, claim.systems[0].flags,
+                        interrupted, 1)
+    table, resumed = run_study(multi30k_bin, tmp_path / "resumed")
+    assert "Loaded checkpoint" in (interrupted / "train.log").read_text()
+    assert without_timing(resumed) == without_timing(whole)
+    # Both tiny systems end within 1 BLEU of each other, so each ran with seeds 1 and 2.
+    assert sorted((r["system"], r["seed"]) for r in whole) == sorted(
+        (s.name, seed) for s in claim.systems for seed in (1, 2))
+    assert all(r["epochs"] == 2 and r["updates"] > 0 and r["bleu_signature"].startswith("nrefs:1") for r in whole)
+    assert all(name in table for name in ("widenet_tiny", "multipath_transformer_tiny"))
+    assert (tmp_path / "resumed" / "claim_tiny.png").stat().st_size > 0
+    # Run again: everything is done, nothing trains, no row is added.
+    logs = {p: p.stat().st_size for p in (tmp_path / "resumed").rglob("train.log")}
+    _, again = run_study(multi30k_bin, tmp_path / "resumed")
+    assert again == resumed
+    assert {p: p.stat().st_size for p in logs} == logs
+
+
+def test_a_second_seed_only_where_the_design_is_within_1_bleu_of_a_baseline():
+    claim = study.CLAIMS["multipath"]
+    rows = [{"claim": "multipath", "seed": 1, "system": name, "bleu": bleu}
+            for name, bleu in [("multi-path 3 x 4", 30.0), ("deep 12 x 1", 28.5), ("shallow 3 x 1", 27.0)]]
+    assert study.close_claims(rows, [claim]) == []
+    rows[1]["bleu"] = 29.2
+    assert study.close_claims(rows, [claim]) == [claim]
