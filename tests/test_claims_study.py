@@ -1,4 +1,5 @@
-"""examples/claims/study.py on its tiny claim: two `_tiny` runs, one resumed, skipped once done."""
+"""examples/claims/study.py on its tiny claims: two `_tiny` runs, one resumed, skipped once done; the
+scalable model's three stages."""
 import json
 import sys
 from argparse import Namespace
@@ -11,11 +12,11 @@ import study  # noqa: E402
 STUDY = REPO / "examples" / "claims" / "study.py"
 
 
-def run_study(data, work, max_epoch=2):
-    """The study's tiny claim in ``work``; -> (its printed table, its result rows)."""
+def run_study(data, work, max_epoch=2, claims="tiny"):
+    """The study's ``claims`` in ``work``; -> (its printed table, its result rows)."""
     root = data.parent
     out = run([sys.executable, STUDY, "--data", data, "--bpe-codes", root / "bpe" / "codes", "--ref",
-               root / "test.ref.de", "--work-dir", work, "--claims", "tiny", "--max-epoch", max_epoch,
+               root / "test.ref.de", "--work-dir", work, "--claims", claims, "--max-epoch", max_epoch,
                "--beam", 1, "--max-len-b", 8]).stdout  # untrained models would loop to 200 tokens
     return out, [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines()]
 
@@ -32,6 +33,7 @@ def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_bin
     interrupted = study.run_dir(tmp_path / "resumed", claim, claim.systems[0], 1)
     study.fairseq_train(Namespace(device="cpu", max_epoch=1, patience=3), multi30k_bin, claim.systems[0].flags,
                         interrupted, 1)
+    (interrupted / "training.json").unlink()  # a killed run never wrote it
     table, resumed = run_study(multi30k_bin, tmp_path / "resumed")
     assert "Loaded checkpoint" in (interrupted / "train.log").read_text()
     assert without_timing(resumed) == without_timing(whole)
@@ -55,3 +57,24 @@ def test_a_second_seed_only_where_the_design_is_within_1_bleu_of_a_baseline():
     assert study.close_claims(rows, [claim]) == []
     rows[1]["bleu"] = 29.2
     assert study.close_claims(rows, [claim]) == [claim]
+
+
+def test_the_scalable_path_trains_three_stages_and_scores_every_width(multi30k_bin, tmp_path):
+    _, rows = run_study(multi30k_bin, tmp_path, max_epoch=1, claims="tiny_scalable")
+    run = study.run_dir(tmp_path, study.CLAIMS["tiny_scalable"], study.CLAIMS["tiny_scalable"].systems[0], 1)
+    stage3 = (run / "stage3" / "train.log").read_text()
+    # stage 3 fine-tunes the stage-2 model on its own outputs for the training set
+    assert f"Loaded checkpoint {run / 'stage2' / 'checkpoint_last.pt'}" in stage3
+    assert f"'data': '{run / 'distilled'}'" in stage3
+    assert [(r["system"], r["seed"], r["epochs"]) for r in rows] == [
+        ("scalable_tiny w64", 1, "1+1+1"), ("scalable_tiny w128", 1, "1+1+1")]
+    narrow, wide = rows
+    assert narrow["params"] < wide["params"]
+    # each width validated and decoded as its own sub-Transformer, not the widest twice
+    assert narrow["valid_loss"] != wide["valid_loss"]
+    # Interrupted after training, before its rows were written: scored again, no stage retrained.
+    logs = {p: p.stat().st_size for p in run.rglob("train.log")}
+    (tmp_path / "results.jsonl").unlink()
+    _, again = run_study(multi30k_bin, tmp_path, max_epoch=1, claims="tiny_scalable")
+    assert again == rows
+    assert {p: p.stat().st_size for p in logs} == logs

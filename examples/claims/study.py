@@ -18,12 +18,14 @@ sacreBLEU on test_2016 (``fairseq-generate``, beam 5, length penalty 1.0).
 Every run (claim, system, seed) is independent: its result is appended to ``WORK/results.jsonl``
 and a run already there is skipped, an interrupted one resumes from its ``checkpoint_last.pt``
 (patience included: ``fairseq_widearch.fairseq_fixes.resume_patience``). ``--jobs N`` runs N at
-once (on a GPU many small runs share the device; on a CPU they share the cores). Seed 1 comes
+once (on a GPU many small runs share the device; on a CPU they share the cores, each run given
+one N-th of them through ``OMP_NUM_THREADS`` unless that is set). Seed 1 comes
 first; where the paper's design ends within 1 BLEU of one of its baselines, every system of that
 claim also runs with seed 2. Last, a markdown table per claim is printed and a bar figure per claim
 drawn (``claim_<name>.png`` in ``--figures``, default WORK).
 """
 import json
+import os
 import re
 import subprocess
 import sys
@@ -132,6 +134,10 @@ def build_claims() -> Dict[str, Claim]:
               (System("widenet_tiny", ("--arch", "widenet_tiny")),
                System("multipath_transformer_tiny", ("--arch", "multipath_transformer_tiny"))),
               (("widenet_tiny", "multipath_transformer_tiny"),)),
+        # The three stages, distillation and per-width scoring on `scalable_transformer_tiny`.
+        Claim("tiny_scalable", "smoke test: the scalable path on its tiny preset",
+              (System("scalable_tiny", ("--arch", "scalable_transformer_tiny", *scalable[2:6]), widths=(64, 128)),),
+              ()),
     ]
     return {claim.name: claim for claim in claims}
 
@@ -152,7 +158,12 @@ def device_flags(args) -> List[str]:
 
 
 def fairseq_train(args, data, flags: Sequence[str], save: Path, seed: int, *extra) -> dict:
-    """Train (or resume) to convergence in ``save``; -> epochs, updates and training seconds."""
+    """Train (or resume) to convergence in ``save``; -> epochs, updates and training seconds, also
+    kept in ``save/training.json``, which marks the training finished."""
+    finished = save / "training.json"
+    if finished.exists():
+        # fairseq-train would train again: one more epoch past --patience, then stop once more
+        return json.loads(finished.read_text())
     save.mkdir(parents=True, exist_ok=True)
     cmd = [BIN / "fairseq-train", data, "--user-dir", ROOT / "fairseq_widearch", *device_flags(args),
            "--num-workers", "0", *OPTIMISATION, *flags, *criterion(flags), "--seed", seed, "--save-dir", save,
@@ -162,9 +173,11 @@ def fairseq_train(args, data, flags: Sequence[str], save: Path, seed: int, *extr
         subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, check=True)
     state = torch.load(save / "checkpoint_last.pt", map_location="cpu")
     # a run stops at an epoch's end, where fairseq stores the iterator's next epoch
-    return {"epochs": state["extra_state"]["train_iterator"]["epoch"] - 1,
-            "updates": state["optimizer_history"][-1]["num_updates"],
-            "train_seconds": round(state["extra_state"]["previous_training_time"], 1)}
+    training = {"epochs": state["extra_state"]["train_iterator"]["epoch"] - 1,
+                "updates": state["optimizer_history"][-1]["num_updates"],
+                "train_seconds": round(state["extra_state"]["previous_training_time"], 1)}
+    finished.write_text(json.dumps(training))
+    return training
 
 
 def average_last_epochs(save: Path) -> Path:
@@ -342,6 +355,10 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown claims {sorted(unknown)}; choose from {', '.join(CLAIMS)}")
     claims = [CLAIMS[name] for name in args.claims.split(",")]
+    if args.device == "cpu":
+        # N runs share the cores: one N-th of them each (torch's default, all of them per run,
+        # oversubscribes the cores and slows every run down)
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     args.work_dir.mkdir(parents=True, exist_ok=True)
     results = Results(args.work_dir / "results.jsonl")
     run_all(args, results, claims, SEEDS[0])
