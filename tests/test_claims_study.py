@@ -4,6 +4,8 @@ import json
 import sys
 from argparse import Namespace
 
+import pytest
+
 from conftest import REPO, run
 
 sys.path.insert(0, str(REPO / "examples" / "claims"))
@@ -78,3 +80,20 @@ def test_the_scalable_path_trains_three_stages_and_scores_every_width(multi30k_b
     _, again = run_study(multi30k_bin, tmp_path, max_epoch=1, claims="tiny_scalable")
     assert again == rows
     assert {p: p.stat().st_size for p in logs} == logs
+
+
+def test_a_failed_run_does_not_cost_the_rows_of_the_runs_beside_it(tmp_path, monkeypatch):
+    claim = study.CLAIMS["multipath"]
+    failing = claim.systems[0]
+
+    def run_system(args, claim, system, seed):
+        if system is failing:
+            raise RuntimeError("killed")
+        return [{"claim": claim.name, "system": system.name, "seed": seed}]
+
+    monkeypatch.setattr(study, "run_system", run_system)
+    results = study.Results(tmp_path / "results.jsonl")
+    with pytest.raises(RuntimeError, match="killed"):
+        study.run_all(Namespace(jobs=2), results, [claim], 1)
+    recorded = study.Results(tmp_path / "results.jsonl")
+    assert [recorded.done(claim, s, 1) for s in claim.systems] == [False, True, True]

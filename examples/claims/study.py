@@ -292,10 +292,13 @@ class Results:
 
 
 def run_all(args, results: Results, claims: Sequence[Claim], seed: int):
+    """Every run of ``claims`` not yet done, ``args.jobs`` at once, each recorded as it finishes."""
     todo = [(c, s) for c in claims for s in c.systems if not results.done(c, s, seed)]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for rows in pool.map(lambda job: run_system(args, *job, seed), todo):
-            results.add(rows)
+        runs = [pool.submit(lambda job: results.add(run_system(args, *job, seed)), job) for job in todo]
+    # raised only now: a failed or killed run must not cost the rows of the runs beside it
+    for run in runs:
+        run.result()
 
 
 def joined(runs: List[dict], key: str, form: str = "{}") -> str:
