@@ -102,8 +102,8 @@ def build_claims() -> Dict[str, Claim]:
     latent = ("--arch", "latent_depth_transformer_multi30k", "--decoder-layers", "12", "--latent-kl-weight", "1.0",
               "--latent-kl-anneal-updates", "300", "--latent-target-layers", "6")
     widths = tuple(SCALABLE_DROPOUT)
-    scalable = ("--arch", "scalable_transformer_multi30k", "--task", "scalable_translation",
-                "--criterion", "scalable_self_distillation", "--dropout", str(SCALABLE_DROPOUT[widths[-1]]))
+    staged = ("--task", "scalable_translation", "--criterion", "scalable_self_distillation")
+    scalable = ("--arch", "scalable_transformer_multi30k", *staged, "--dropout", str(SCALABLE_DROPOUT[widths[-1]]))
     claims = [
         Claim("multipath", "Multi-path (Table 2, Fig. 1): at equal parameters and FLOPs a shallow multi-path encoder "
               "beats a deep single-path one and the plain shallow one",
@@ -136,7 +136,7 @@ def build_claims() -> Dict[str, Claim]:
               (("widenet_tiny", "multipath_transformer_tiny"),)),
         # The three stages, distillation and per-width scoring on `scalable_transformer_tiny`.
         Claim("tiny_scalable", "smoke test: the scalable path on its tiny preset",
-              (System("scalable_tiny", ("--arch", "scalable_transformer_tiny", *scalable[2:6]), widths=(64, 128)),),
+              (System("scalable_tiny", ("--arch", "scalable_transformer_tiny", *staged), widths=(64, 128)),),
               ()),
     ]
     return {claim.name: claim for claim in claims}
