@@ -45,6 +45,8 @@ def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_bin
     assert all(r["epochs"] == 2 and r["updates"] > 0 and r["bleu_signature"].startswith("nrefs:1") for r in whole)
     assert all(name in table for name in ("widenet_tiny", "multipath_transformer_tiny"))
     assert (tmp_path / "resumed" / "claim_tiny.png").stat().st_size > 0
+    # the figure's curves: fairseq's validation loss after each epoch, the resumed epoch once
+    assert [len(study.curve(study.run_dir(tmp_path / "resumed", claim, s, 1), s)) for s in claim.systems] == [2, 2]
     # Run again: everything is done, nothing trains, no row is added.
     logs = {p: p.stat().st_size for p in (tmp_path / "resumed").rglob("train.log")}
     _, again = run_study(multi30k_bin, tmp_path / "resumed")
@@ -74,6 +76,7 @@ def test_the_scalable_path_trains_three_stages_and_scores_every_width(multi30k_b
     assert narrow["params"] < wide["params"]
     # each width validated and decoded as its own sub-Transformer, not the widest twice
     assert narrow["valid_loss"] != wide["valid_loss"]
+    assert len(study.curve(run, study.CLAIMS["tiny_scalable"].systems[0])) == 3  # stages 1-3, an epoch each
     # Interrupted after training, before its rows were written: scored again, no stage retrained.
     logs = {p: p.stat().st_size for p in run.rglob("train.log")}
     (tmp_path / "results.jsonl").unlink()
@@ -97,3 +100,26 @@ def test_a_failed_run_does_not_cost_the_rows_of_the_runs_beside_it(tmp_path, mon
         study.run_all(Namespace(jobs=2), results, [claim], 1)
     recorded = study.Results(tmp_path / "results.jsonl")
     assert [recorded.done(claim, s, 1) for s in claim.systems] == [False, True, True]
+
+
+def validation_log(save, losses):
+    """A fairseq-train log of ``save`` with these validation losses, one per epoch."""
+    save.mkdir(parents=True)
+    (save / "train.log").write_text("".join(
+        f"2026-11-23 19:25:32 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | loss {loss} | nll_loss 2.7 "
+        f"| ppl 6.5 | num_updates {132 * e} | best_loss {loss}\n" for e, loss in enumerate(losses, 1)))
+
+
+def test_progress_says_where_every_run_stands_from_its_logs(tmp_path):
+    claims = [study.CLAIMS["partialformer"], study.CLAIMS["tiny_scalable"]]
+    partialformer, transformer = claims[0].systems
+    validation_log(study.run_dir(tmp_path, claims[0], partialformer, 1), [5.1, 4.6, 4.7])
+    scalable = study.run_dir(tmp_path, claims[1], claims[1].systems[0], 1)
+    validation_log(scalable / "stage1", [5.0, 4.8])
+    (scalable / "stage1" / "training.json").write_text("{}")
+    validation_log(scalable / "stage2", [4.9])
+    lines = study.progress(tmp_path, study.Results(tmp_path / "results.jsonl"), claims).splitlines()[2:]
+    assert lines == ["| partialformer | PartialFormer | 1 | in progress, epochs 1-3 | 4.600 (2) |",
+                     "| partialformer | Transformer 4 + 4 | 1 | not started |  |",
+                     "| tiny_scalable | scalable_tiny | 1 | stage 1 trained, epochs 1-2; stage 2 in progress, epochs 1-1 "
+                     "| stage 2 4.900 (1) |"]

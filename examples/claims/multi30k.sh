@@ -4,7 +4,7 @@
 # is independent and resumable, finished runs are skipped, so the study can run in parts.
 #
 #   bash examples/claims/multi30k.sh [--claims multipath,widenet,scalable,latent_depth,partialformer]
-#        [--jobs N] [--device cpu|cuda] [--work-dir DIR] [--data-dir DIR] [--figures DIR]
+#        [--jobs N] [--device cpu|cuda] [--work-dir DIR] [--data-dir DIR] [--figures DIR] [--progress]
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -17,6 +17,7 @@ while [ $# -gt 0 ]; do
     --data-dir) DATA_DIR="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
     --claims|--jobs|--device|--figures) ARGS+=("$1" "$2"); shift 2 ;;
+    --progress) ARGS+=("$1"); shift ;;
     -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac

@@ -3,7 +3,7 @@
 
     python examples/claims/study.py --data BIN --bpe-codes CODES --ref REFERENCE [--work-dir runs/claims]
         [--claims multipath,widenet,scalable,latent_depth,partialformer] [--jobs 1] [--device cpu|cuda]
-        [--max-epoch 40] [--patience 3] [--beam 5] [--max-len-b 200] [--figures DIR]
+        [--max-epoch 40] [--patience 3] [--beam 5] [--max-len-b 200] [--figures DIR] [--progress]
 
 A claim is the paper's design and its own baselines, each the shared Multi30k body (d 128, FFN
 512, 4 heads) changed the way the paper changes it. Every system trains with the comparison's
@@ -21,8 +21,9 @@ and a run already there is skipped, an interrupted one resumes from its ``checkp
 once (on a GPU many small runs share the device; on a CPU they share the cores, each run given
 one N-th of them through ``OMP_NUM_THREADS`` unless that is set). Seed 1 comes
 first; where the paper's design ends within 1 BLEU of one of its baselines, every system of that
-claim also runs with seed 2. Last, a markdown table per claim is printed and a bar figure per claim
-drawn (``claim_<name>.png`` in ``--figures``, default WORK).
+claim also runs with seed 2. Last, a markdown table per claim is printed and a figure per claim
+drawn (``claim_<name>.png`` in ``--figures``, default WORK: BLEU bars, validation-loss curves).
+``--progress`` prints where every run stands, from its logs, and trains nothing.
 """
 import json
 import os
@@ -251,6 +252,25 @@ def run_dir(work: Path, claim: Claim, system: System, seed: int) -> Path:
     return work / claim.name / re.sub(r"\W+", "_", system.name) / f"seed{seed}"
 
 
+def trainings(run: Path, system: System) -> List[Path]:
+    """The fairseq-train directories of a run, in training order (a scalable model's three stages)."""
+    return [run / f"stage{i}" for i in (1, 2, 3)] if system.widths else [run]
+
+
+VALID_LINE = re.compile(r"\| epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+)")
+
+
+def validation_losses(save: Path) -> Dict[int, float]:
+    """Epoch -> validation loss (bits; a scalable model's widest) from ``save/train.log``."""
+    log = save / "train.log"
+    return {int(m[1]): float(m[2]) for m in VALID_LINE.finditer(log.read_text())} if log.exists() else {}
+
+
+def curve(run: Path, system: System) -> List[float]:
+    """The run's validation loss after each epoch, a scalable model's stages one after another."""
+    return [loss for save in trainings(run, system) for _, loss in sorted(validation_losses(save).items())]
+
+
 def run_system(args, claim: Claim, system: System, seed: int) -> List[dict]:
     """Train one system to convergence, average and score it: one row (one per width if scalable)."""
     run = run_dir(args.work_dir, claim, system, seed)
@@ -322,20 +342,62 @@ def table(rows: List[dict], claim: Claim) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: List[dict], claim: Claim, path: Path):
-    """BLEU per system: a bar at the mean over seeds, a dot per seed; the design's bars darker."""
+def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
+    """Markdown: where every run of ``claims`` stands (scored, trained, the epoch reached, not
+    started) and its best validation loss so far, read from the runs' logs; trains nothing."""
+    lines = ["| claim | system | seed | state | best valid loss (epoch) |", "|---|---|---|---|---|"]
+    for claim in claims:
+        for seed in SEEDS:
+            for system in claim.systems:
+                run = run_dir(work, claim, system, seed)
+                if seed != SEEDS[0] and not run.exists():
+                    continue
+                states, best = [], ""
+                for stage, save in enumerate(trainings(run, system), 1):
+                    losses = validation_losses(save)
+                    if not losses:
+                        break
+                    name = f"stage {stage} " if system.widths else ""
+                    trained = (save / "training.json").exists()
+                    states.append(f"{name}{'trained' if trained else 'in progress'}, epochs 1-{max(losses)}")
+                    epoch = min(losses, key=losses.get)
+                    best = f"{name}{losses[epoch]:.3f} ({epoch})"
+                state = "scored" if results.done(claim, system, seed) else "; ".join(states) or "not started"
+                lines.append(f"| {claim.name} | {system.name} | {seed} | {state} | {best} |")
+    return "\n".join(lines)
+
+
+def plot(rows: List[dict], claim: Claim, path: Path, work: Path):
+    """Left, BLEU per system: a bar at the mean over seeds (its value printed), a dot per seed, the
+    design's bars blue; the axis starts near the lowest score so that 1-BLEU gaps show. Right,
+    validation loss after each epoch of every seed-1 run (a scalable model's widest, its three
+    stages one after another), down to 1 bit above the lowest."""
     plt = pyplot()
     names = list(dict.fromkeys(r["system"] for r in rows if r["claim"] == claim.name))
     design = {a for a, _ in claim.pairs}
-    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(names), 3.4))
+    fig, (ax, loss_ax) = plt.subplots(1, 2, figsize=(4.4 + 1.1 * len(names), 3.4))
+    lowest = min((r["bleu"] for r in rows if r["claim"] == claim.name), default=0.0)
     for i, name in enumerate(names):
         bleu = [r["bleu"] for r in rows if r["claim"] == claim.name and r["system"] == name]
-        ax.bar(i, sum(bleu) / len(bleu), color="tab:blue" if name in design else "tab:gray", alpha=0.8)
+        average = sum(bleu) / len(bleu)
+        ax.bar(i, average, color="tab:blue" if name in design else "tab:gray", alpha=0.8)
         ax.scatter([i] * len(bleu), bleu, color="black", s=12, zorder=3)
+        ax.annotate(f"{average:.2f}", (i, average), ha="center", va="bottom", fontsize=7,
+                    xytext=(0, 2), textcoords="offset points")
+    ax.set_ylim(bottom=max(0.0, lowest - 3))
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("sacreBLEU, test_2016")
     ax.set_title(claim.name, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
+    curves = {system.name: curve(run_dir(work, claim, system, SEEDS[0]), system) for system in claim.systems}
+    for name, losses in curves.items():
+        loss_ax.plot(range(1, len(losses) + 1), losses, label=name, lw=1.2)
+    if any(curves.values()):
+        loss_ax.set_ylim(top=min(min(c) for c in curves.values() if c) + 1)
+    loss_ax.set_xlabel("epoch")
+    loss_ax.set_ylabel("validation loss (bits)")
+    loss_ax.legend(fontsize=7)
+    loss_ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -353,6 +415,8 @@ def main(argv=None):
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--max-len-b", type=int, default=200, help="longest output in tokens (fairseq's default 200)")
     p.add_argument("--figures", type=Path, help="directory of the claim_<name>.png figures (default WORK)")
+    p.add_argument("--progress", action="store_true",
+                   help="print where every run stands (from its logs) and stop; trains nothing")
     args = p.parse_args(argv)
     unknown = set(args.claims.split(",")) - set(CLAIMS)
     if unknown:
@@ -364,11 +428,14 @@ def main(argv=None):
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     args.work_dir.mkdir(parents=True, exist_ok=True)
     results = Results(args.work_dir / "results.jsonl")
+    if args.progress:
+        print(progress(args.work_dir, results, claims))
+        return
     run_all(args, results, claims, SEEDS[0])
     run_all(args, results, close_claims(results.rows, claims), SEEDS[1])
     for claim in claims:
         print(f"\n## {claim.statement}\n\n{table(results.rows, claim)}")
-        plot(results.rows, claim, (args.figures or args.work_dir) / f"claim_{claim.name}.png")
+        plot(results.rows, claim, (args.figures or args.work_dir) / f"claim_{claim.name}.png", args.work_dir)
 
 
 if __name__ == "__main__":
