@@ -123,3 +123,12 @@ def test_progress_says_where_every_run_stands_from_its_logs(tmp_path):
                      "| partialformer | Transformer 4 + 4 | 1 | not started |  |",
                      "| tiny_scalable | scalable_tiny | 1 | stage 1 trained, epochs 1-2; stage 2 in progress, epochs 1-1 "
                      "| stage 2 4.900 (1) |"]
+
+
+def test_tables_list_a_claims_systems_in_its_order_whatever_order_they_finished_in():
+    rows = [{"claim": "scalable", "system": name, "seed": 1, "params": 1e6, "epochs": 3, "updates": 9,
+             "train_seconds": 1.0, "valid_loss": 4.0, "bleu": 30.0}
+            for name in ["independent w128", "scalable w128", "independent w64", "scalable w64"]]
+    table = study.table(rows, study.CLAIMS["scalable"]).splitlines()[2:]
+    assert [line.split(" | ")[0] for line in table] == [
+        "| scalable w64", "| scalable w128", "| independent w64", "| independent w128"]

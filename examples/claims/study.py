@@ -329,11 +329,23 @@ def mean(runs: List[dict], key: str) -> float:
     return sum(r[key] for r in runs) / len(runs)
 
 
+def row_names(rows: List[dict], claim: Claim) -> List[str]:
+    """The claim's row names in its systems' order (the design first), whatever order runs finished in."""
+    order = [s.name for s in claim.systems]
+
+    def position(name: str) -> Tuple[int, int]:
+        # a scalable model's rows are "<system> w<width>", narrowest first
+        system, width = (name, "0") if name in order else name.rsplit(" w", 1)
+        return order.index(system), int(width)
+
+    return sorted(dict.fromkeys(r["system"] for r in rows if r["claim"] == claim.name), key=position)
+
+
 def table(rows: List[dict], claim: Claim) -> str:
     """Markdown: one line per system, seeds averaged (each seed's BLEU listed)."""
     lines = ["| system | params | epochs | updates | train time (s) | valid loss | BLEU (per seed) |",
              "|---|---|---|---|---|---|---|"]
-    for name in dict.fromkeys(r["system"] for r in rows if r["claim"] == claim.name):
+    for name in row_names(rows, claim):
         runs = sorted((r for r in rows if r["claim"] == claim.name and r["system"] == name), key=lambda r: r["seed"])
         lines.append(f"| {name} | {runs[0]['params'] / 1e6:.2f}M | {joined(runs, 'epochs')} | "
                      f"{joined(runs, 'updates')} | "
@@ -373,7 +385,7 @@ def plot(rows: List[dict], claim: Claim, path: Path, work: Path):
     validation loss after each epoch of every seed-1 run (a scalable model's widest, its three
     stages one after another), down to 1 bit above the lowest."""
     plt = pyplot()
-    names = list(dict.fromkeys(r["system"] for r in rows if r["claim"] == claim.name))
+    names = row_names(rows, claim)
     design = {a for a, _ in claim.pairs}
     fig, (ax, loss_ax) = plt.subplots(1, 2, figsize=(4.4 + 1.1 * len(names), 3.4))
     lowest = min((r["bleu"] for r in rows if r["claim"] == claim.name), default=0.0)
