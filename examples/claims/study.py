@@ -228,20 +228,20 @@ def parameters(checkpoint: Path, width: int = 0) -> int:
 def train_scalable(args, system: System, run: Path, seed: int) -> dict:
     """Stages 1-3 (Eqs. 6, 7, 9), each to convergence with a fresh Adam; stage 3 on the stage-2
     model's beam outputs for the training set. -> the totals over the stages."""
-    stage1 = fairseq_train(args, args.data, system.flags, run / "stage1", seed, "--distill-stage", "1")
-    stage2 = fairseq_train(args, args.data, system.flags, run / "stage2", seed, "--distill-stage", "2",
-                           "--lambda2-anneal-updates", "100", "--finetune-from-model",
-                           run / "stage1" / "checkpoint_last.pt")
+    save1, save2, save3 = trainings(run, system)
+    stage1 = fairseq_train(args, args.data, system.flags, save1, seed, "--distill-stage", "1")
+    stage2 = fairseq_train(args, args.data, system.flags, save2, seed, "--distill-stage", "2",
+                           "--lambda2-anneal-updates", "100", "--finetune-from-model", save1 / "checkpoint_last.pt")
     distilled, timing = run / "distilled", run / "distilled.json"
     if not timing.exists():
         start = time.perf_counter()
         subprocess.run([sys.executable, ROOT / "examples" / "scalable_transformer" / "distillation_targets.py",
-                        "--data", args.data, "--checkpoint", run / "stage2" / "checkpoint_last.pt", "--out", distilled,
+                        "--data", args.data, "--checkpoint", save2 / "checkpoint_last.pt", "--out", distilled,
                         "--device", args.device],
                        check=True, capture_output=True)
         timing.write_text(json.dumps({"seconds": round(time.perf_counter() - start, 1)}))
-    stage3 = fairseq_train(args, distilled, system.flags, run / "stage3", seed, "--distill-stage", "3",
-                           "--lambda3", "0.9", "--finetune-from-model", run / "stage2" / "checkpoint_last.pt")
+    stage3 = fairseq_train(args, distilled, system.flags, save3, seed, "--distill-stage", "3",
+                           "--lambda3", "0.9", "--finetune-from-model", save2 / "checkpoint_last.pt")
     stages = (stage1, stage2, stage3)
     return {"epochs": "+".join(str(s["epochs"]) for s in stages), "updates": sum(s["updates"] for s in stages),
             "train_seconds": round(sum(s["train_seconds"] for s in stages)
@@ -281,7 +281,7 @@ def run_system(args, claim: Claim, system: System, seed: int) -> List[dict]:
         return [{**head, "system": system.name, **training, "params": parameters(checkpoint),
                  **score(args, checkpoint, system)}]
     training = train_scalable(args, system, run, seed)
-    checkpoint = average_last_epochs(run / "stage3")
+    checkpoint = average_last_epochs(trainings(run, system)[-1])
     return [{**head, "system": f"{system.name} w{w}", **training, "params": parameters(checkpoint, w),
              **score(args, checkpoint, system, w)} for w in system.widths]
 
