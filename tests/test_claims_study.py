@@ -14,13 +14,15 @@ import study  # noqa: E402
 STUDY = REPO / "examples" / "claims" / "study.py"
 
 
-def run_study(data, work, max_epoch=2, claims="tiny"):
-    """The study's ``claims`` in ``work``; -> (its printed table, its result rows)."""
+def run_study(data, work, max_epoch=2, claims="tiny", results=None):
+    """The study's ``claims`` in ``work`` (``results``: its results file, default in ``work``);
+    -> (its printed table, its result rows)."""
     root = data.parent
     out = run([sys.executable, STUDY, "--data", data, "--bpe-codes", root / "bpe" / "codes", "--ref",
                root / "test.ref.de", "--work-dir", work, "--claims", claims, "--max-epoch", max_epoch,
-               "--beam", 1, "--max-len-b", 8]).stdout  # untrained models would loop to 200 tokens
-    return out, [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines()]
+               "--beam", 1, "--max-len-b", 8,  # untrained models would loop to 200 tokens
+               *(["--results", results] if results else [])]).stdout
+    return out, [json.loads(line) for line in (results or work / "results.jsonl").read_text().splitlines()]
 
 
 def without_timing(rows):
@@ -36,7 +38,8 @@ def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_bin
     study.fairseq_train(Namespace(device="cpu", max_epoch=1, patience=3), multi30k_bin, claim.systems[0].flags,
                         interrupted, 1)
     (interrupted / "training.json").unlink()  # a killed run never wrote it
-    table, resumed = run_study(multi30k_bin, tmp_path / "resumed")
+    kept = tmp_path / "kept" / "claims.jsonl"  # a results file apart from the work directory
+    table, resumed = run_study(multi30k_bin, tmp_path / "resumed", results=kept)
     assert "Loaded checkpoint" in (interrupted / "train.log").read_text()
     assert without_timing(resumed) == without_timing(whole)
     # Both tiny systems end within 1 BLEU of each other, so each ran with seeds 1 and 2.
@@ -45,13 +48,21 @@ def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_bin
     assert all(r["epochs"] == 2 and r["updates"] > 0 and r["bleu_signature"].startswith("nrefs:1") for r in whole)
     assert all(name in table for name in ("widenet_tiny", "multipath_transformer_tiny"))
     assert (tmp_path / "resumed" / "claim_tiny.png").stat().st_size > 0
-    # the figure's curves: fairseq's validation loss after each epoch, the resumed epoch once
-    assert [len(study.curve(study.run_dir(tmp_path / "resumed", claim, s, 1), s)) for s in claim.systems] == [2, 2]
+    # each row keeps its curve, fairseq's validation loss after each epoch, the resumed epoch once
+    assert [len(r["valid_curve"]) for r in resumed] == [2] * 4
+    first = next(r for r in resumed if r["system"] == claim.systems[0].name and r["seed"] == 1)
+    assert first["valid_curve"] == study.curve(interrupted, claim.systems[0])
     # Run again: everything is done, nothing trains, no row is added.
     logs = {p: p.stat().st_size for p in (tmp_path / "resumed").rglob("train.log")}
-    _, again = run_study(multi30k_bin, tmp_path / "resumed")
+    _, again = run_study(multi30k_bin, tmp_path / "resumed", results=kept)
     assert again == resumed
     assert {p: p.stat().st_size for p in logs} == logs
+    # On another machine (a new work directory) the results file alone carries the study: nothing
+    # trains, and the tables and figures come from its rows.
+    table_elsewhere, elsewhere = run_study(multi30k_bin, tmp_path / "elsewhere", results=kept)
+    assert elsewhere == resumed and table_elsewhere == table
+    assert not list((tmp_path / "elsewhere").rglob("train.log"))
+    assert (tmp_path / "elsewhere" / "claim_tiny.png").stat().st_size > 0
 
 
 def test_a_second_seed_only_where_the_design_is_within_1_bleu_of_a_baseline():
@@ -102,6 +113,27 @@ def test_a_failed_run_does_not_cost_the_rows_of_the_runs_beside_it(tmp_path, mon
     assert [recorded.done(claim, s, 1) for s in claim.systems] == [False, True, True]
 
 
+def test_a_system_two_claims_share_trains_once(tmp_path, monkeypatch):
+    trained = []
+
+    def run_system(args, claim, system, seed):
+        trained.append((claim.name, system.name))
+        return [{"claim": claim.name, "system": system.name, "seed": seed, "bleu": 30.0}]
+
+    monkeypatch.setattr(study, "run_system", run_system)
+    results = study.Results(tmp_path / "results.jsonl")
+    multipath, widenet = study.CLAIMS["multipath"], study.CLAIMS["widenet"]
+    study.run_all(Namespace(jobs=1), results, [multipath, widenet], 1)
+    # the stock 3 + 3 Transformer is multi-path's shallow baseline and WideNet's reference
+    assert ("widenet", "unshared Transformer") not in trained and len(trained) == 6
+    reference = next(r for r in results.rows if r["system"] == "unshared Transformer")
+    assert reference == {"claim": "widenet", "system": "unshared Transformer", "seed": 1, "bleu": 30.0,
+                         "same_run_as": "multipath: shallow 3 x 1"}
+    # a different seed is a different run
+    study.run_all(Namespace(jobs=1), results, [widenet], 2)
+    assert ("widenet", "unshared Transformer") in trained
+
+
 def validation_log(save, losses):
     """A fairseq-train log of ``save`` with these validation losses, one per epoch."""
     save.mkdir(parents=True)
@@ -125,6 +157,16 @@ def test_progress_says_where_every_run_stands_from_its_logs(tmp_path):
                      "| stage 2 4.900 (1) |"]
 
 
+def test_the_figure_draws_each_systems_curve_from_its_first_seed_that_recorded_one():
+    claim = study.CLAIMS["scalable"]
+    rows = [{"claim": "scalable", "system": "independent w64", "seed": 1},  # transcribed: no curve
+            {"claim": "scalable", "system": "independent w64", "seed": 2, "valid_curve": [5.0, 4.5]},
+            {"claim": "scalable", "system": "scalable w128", "seed": 2, "valid_curve": [4.9]},
+            {"claim": "scalable", "system": "scalable w64", "seed": 1, "valid_curve": [5.1, 4.4]},
+            {"claim": "multipath", "system": "independent w128", "seed": 1, "valid_curve": [9.0]}]
+    assert study.curves(rows, claim) == {"scalable": (1, [5.1, 4.4]), "independent w64": (2, [5.0, 4.5])}
+
+
 def test_tables_list_a_claims_systems_in_its_order_whatever_order_they_finished_in():
     rows = [{"claim": "scalable", "system": name, "seed": 1, "params": 1e6, "epochs": 3, "updates": 9,
              "train_seconds": 1.0, "valid_loss": 4.0, "bleu": 30.0}
@@ -132,3 +174,16 @@ def test_tables_list_a_claims_systems_in_its_order_whatever_order_they_finished_
     table = study.table(rows, study.CLAIMS["scalable"]).splitlines()[2:]
     assert [line.split(" | ")[0] for line in table] == [
         "| scalable w64", "| scalable w128", "| independent w64", "| independent w128"]
+
+
+def test_the_kept_results_file_names_only_the_study_systems_and_carries_every_score():
+    """docs/data/claims.jsonl feeds docs/claims.md across machines: a row the study cannot place
+    (a renamed system) would be silently left out of its table and figure."""
+    rows = study.Results(REPO / "docs" / "data" / "claims.jsonl").rows
+    assert rows
+    for r in rows:
+        claim = study.CLAIMS[r["claim"]]
+        assert study.system_and_width(r["system"], claim)[0] in {s.name for s in claim.systems}
+        assert {"epochs", "updates", "params", "valid_loss", "bleu", "bleu_signature"} <= r.keys()
+        assert r.get("valid_curve") or r.get("transcribed"), r["system"]
+    assert len({(r["claim"], r["system"], r["seed"]) for r in rows}) == len(rows)  # each run once

@@ -4,7 +4,8 @@
 # is independent and resumable, finished runs are skipped, so the study can run in parts.
 #
 #   bash examples/claims/multi30k.sh [--claims multipath,widenet,scalable,latent_depth,partialformer]
-#        [--jobs N] [--device cpu|cuda] [--work-dir DIR] [--data-dir DIR] [--figures DIR] [--progress]
+#        [--jobs N] [--device cpu|cuda] [--work-dir DIR] [--data-dir DIR] [--results FILE] [--figures DIR]
+#        [--progress]
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -16,9 +17,9 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --data-dir) DATA_DIR="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
-    --claims|--jobs|--device|--figures) ARGS+=("$1" "$2"); shift 2 ;;
+    --claims|--jobs|--device|--results|--figures) ARGS+=("$1" "$2"); shift 2 ;;
     --progress) ARGS+=("$1"); shift ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -3,7 +3,8 @@
 
     python examples/claims/study.py --data BIN --bpe-codes CODES --ref REFERENCE [--work-dir runs/claims]
         [--claims multipath,widenet,scalable,latent_depth,partialformer] [--jobs 1] [--device cpu|cuda]
-        [--max-epoch 40] [--patience 3] [--beam 5] [--max-len-b 200] [--figures DIR] [--progress]
+        [--max-epoch 40] [--patience 3] [--beam 5] [--max-len-b 200] [--results FILE] [--figures DIR]
+        [--progress]
 
 A claim is the paper's design and its own baselines, each the shared Multi30k body (d 128, FFN
 512, 4 heads) changed the way the paper changes it. Every system trains with the comparison's
@@ -15,9 +16,12 @@ sides) until the validation loss has not improved for ``--patience`` epochs, at 
 and the average is scored: validation loss (label-smoothed, bits, ``fairseq-validate``) and
 sacreBLEU on test_2016 (``fairseq-generate``, beam 5, length penalty 1.0).
 
-Every run (claim, system, seed) is independent: its result is appended to ``WORK/results.jsonl``
-and a run already there is skipped, an interrupted one resumes from its ``checkpoint_last.pt``
-(patience included: ``fairseq_widearch.fairseq_fixes.resume_patience``). ``--jobs N`` runs N at
+Every run (claim, system, seed) is independent: its result, with its validation loss after every
+epoch, is appended to ``--results`` (default ``WORK/results.jsonl``) and a run already there is
+skipped, so that a results file kept apart from WORK (this project keeps its own in git,
+``docs/data/claims.jsonl``) carries a study across machines. An interrupted run resumes from its
+``checkpoint_last.pt`` (patience included: ``fairseq_widearch.fairseq_fixes.resume_patience``);
+a system two claims share trains once (``Results.twin``). ``--jobs N`` runs N at
 once (on a GPU many small runs share the device; on a CPU they share the cores, each run given
 one N-th of them through ``OMP_NUM_THREADS`` unless that is set). Seed 1 comes
 first; where the paper's design ends within 1 BLEU of one of its baselines, every system of that
@@ -144,6 +148,11 @@ def build_claims() -> Dict[str, Claim]:
 
 
 CLAIMS = build_claims()
+
+
+def training(system: System) -> tuple:
+    """What decides a system's run (its name does not)."""
+    return system.flags, tuple(sorted(system.evaluate.items())), system.widths
 
 
 def criterion(flags: Sequence[str]) -> List[str]:
@@ -279,11 +288,11 @@ def run_system(args, claim: Claim, system: System, seed: int) -> List[dict]:
         training = fairseq_train(args, args.data, system.flags, run, seed)
         checkpoint = average_last_epochs(run)
         return [{**head, "system": system.name, **training, "params": parameters(checkpoint),
-                 **score(args, checkpoint, system)}]
+                 **score(args, checkpoint, system), "valid_curve": curve(run, system)}]
     training = train_scalable(args, system, run, seed)
     checkpoint = average_last_epochs(trainings(run, system)[-1])
     return [{**head, "system": f"{system.name} w{w}", **training, "params": parameters(checkpoint, w),
-             **score(args, checkpoint, system, w)} for w in system.widths]
+             **score(args, checkpoint, system, w), "valid_curve": curve(run, system)} for w in system.widths]
 
 
 def close_claims(rows: List[dict], claims: Sequence[Claim]) -> List[Claim]:
@@ -304,21 +313,40 @@ class Results:
         found = {(r["claim"], r["system"], r["seed"]) for r in self.rows}
         return all((claim.name, name, seed) in found for name in names)
 
+    def twin(self, claim: Claim, system: System, seed: int) -> List[dict]:
+        """The rows of the same training (flags, seed) recorded under another claim, renamed for
+        this one: a system two claims share (the stock 3 + 3 Transformer is multi-path's shallow
+        baseline and WideNet's reference) trains once. [] when there is none yet."""
+        for other in CLAIMS.values():
+            for same in other.systems:
+                if other is not claim and training(same) == training(system) and self.done(other, same, seed):
+                    return [{**r, "claim": claim.name, "system": system.name + r["system"][len(same.name):],
+                             "same_run_as": f"{other.name}: {r['system']}"} for r in self.rows
+                            if r["claim"] == other.name and r["seed"] == seed
+                            and system_and_width(r["system"], other)[0] == same.name]
+        return []
+
     def add(self, rows: List[dict]):
         with self.lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
             self.rows.extend(rows)
 
 
 def run_all(args, results: Results, claims: Sequence[Claim], seed: int):
-    """Every run of ``claims`` not yet done, ``args.jobs`` at once, each recorded as it finishes."""
+    """Every run of ``claims`` not yet done, ``args.jobs`` at once, each recorded as it finishes
+    (a run another claim has recorded is copied, not trained again)."""
     todo = [(c, s) for c in claims for s in c.systems if not results.done(c, s, seed)]
+
+    def run(claim: Claim, system: System):
+        results.add(results.twin(claim, system, seed) or run_system(args, claim, system, seed))
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        runs = [pool.submit(lambda job: results.add(run_system(args, *job, seed)), job) for job in todo]
+        runs = [pool.submit(run, *job) for job in todo]
     # raised only now: a failed or killed run must not cost the rows of the runs beside it
-    for run in runs:
-        run.result()
+    for future in runs:
+        future.result()
 
 
 def joined(runs: List[dict], key: str, form: str = "{}") -> str:
@@ -329,16 +357,34 @@ def mean(runs: List[dict], key: str) -> float:
     return sum(r[key] for r in runs) / len(runs)
 
 
+def system_and_width(name: str, claim: Claim) -> Tuple[str, int]:
+    """A row name -> (its system's name, width): a scalable model's rows are "<system> w<width>"."""
+    if any(s.name == name for s in claim.systems):
+        return name, 0
+    system, width = name.rsplit(" w", 1)
+    return system, int(width)
+
+
 def row_names(rows: List[dict], claim: Claim) -> List[str]:
-    """The claim's row names in its systems' order (the design first), whatever order runs finished in."""
+    """The claim's row names in its systems' order (the design first, a scalable model's widths
+    narrowest first), whatever order runs finished in."""
     order = [s.name for s in claim.systems]
 
     def position(name: str) -> Tuple[int, int]:
-        # a scalable model's rows are "<system> w<width>", narrowest first
-        system, width = (name, "0") if name in order else name.rsplit(" w", 1)
-        return order.index(system), int(width)
+        system, width = system_and_width(name, claim)
+        return order.index(system), width
 
     return sorted(dict.fromkeys(r["system"] for r in rows if r["claim"] == claim.name), key=position)
+
+
+def curves(rows: List[dict], claim: Claim) -> Dict[str, Tuple[int, List[float]]]:
+    """System -> (seed, validation loss after each epoch) of its lowest seed that recorded a curve
+    (rows transcribed from a lost results file have none; a scalable model's widths share one)."""
+    recorded = sorted((r for r in rows if r["claim"] == claim.name and r.get("valid_curve")), key=lambda r: r["seed"])
+    found: Dict[str, Tuple[int, List[float]]] = {}
+    for r in recorded:
+        found.setdefault(system_and_width(r["system"], claim)[0], (r["seed"], r["valid_curve"]))
+    return {s.name: found[s.name] for s in claim.systems if s.name in found}
 
 
 def table(rows: List[dict], claim: Claim) -> str:
@@ -379,11 +425,11 @@ def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: List[dict], claim: Claim, path: Path, work: Path):
+def plot(rows: List[dict], claim: Claim, path: Path):
     """Left, BLEU per system: a bar at the mean over seeds (its value printed), a dot per seed, the
     design's bars blue; the axis starts near the lowest score so that 1-BLEU gaps show. Right,
-    validation loss after each epoch of every seed-1 run (a scalable model's widest, its three
-    stages one after another), down to 1 bit above the lowest."""
+    validation loss after each epoch of each system's first recorded seed (a scalable model's
+    widest, its three stages one after another), down to 1 bit above the lowest."""
     plt = pyplot()
     names = row_names(rows, claim)
     design = {a for a, _ in claim.pairs}
@@ -401,11 +447,11 @@ def plot(rows: List[dict], claim: Claim, path: Path, work: Path):
     ax.set_ylabel("sacreBLEU, test_2016")
     ax.set_title(claim.name, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    curves = {system.name: curve(run_dir(work, claim, system, SEEDS[0]), system) for system in claim.systems}
-    for name, losses in curves.items():
-        loss_ax.plot(range(1, len(losses) + 1), losses, label=name, lw=1.2)
-    if any(curves.values()):
-        loss_ax.set_ylim(top=min(min(c) for c in curves.values() if c) + 1)
+    recorded = curves(rows, claim)
+    for name, (seed, losses) in recorded.items():
+        loss_ax.plot(range(1, len(losses) + 1), losses, label=f"{name}, seed {seed}", lw=1.2)
+    if recorded:
+        loss_ax.set_ylim(top=min(min(losses) for _, losses in recorded.values()) + 1)
     loss_ax.set_xlabel("epoch")
     loss_ax.set_ylabel("validation loss (bits)")
     loss_ax.legend(fontsize=7)
@@ -426,6 +472,7 @@ def main(argv=None):
     p.add_argument("--patience", type=int, default=3, help="epochs without a better validation loss before stopping")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--max-len-b", type=int, default=200, help="longest output in tokens (fairseq's default 200)")
+    p.add_argument("--results", type=Path, help="the results file, one row per run (default WORK/results.jsonl)")
     p.add_argument("--figures", type=Path, help="directory of the claim_<name>.png figures (default WORK)")
     p.add_argument("--progress", action="store_true",
                    help="print where every run stands (from its logs) and stop; trains nothing")
@@ -439,7 +486,7 @@ def main(argv=None):
         # oversubscribes the cores and slows every run down)
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    results = Results(args.work_dir / "results.jsonl")
+    results = Results(args.results or args.work_dir / "results.jsonl")
     if args.progress:
         print(progress(args.work_dir, results, claims))
         return
@@ -447,7 +494,7 @@ def main(argv=None):
     run_all(args, results, close_claims(results.rows, claims), SEEDS[1])
     for claim in claims:
         print(f"\n## {claim.statement}\n\n{table(results.rows, claim)}")
-        plot(results.rows, claim, (args.figures or args.work_dir) / f"claim_{claim.name}.png", args.work_dir)
+        plot(results.rows, claim, (args.figures or args.work_dir) / f"claim_{claim.name}.png")
 
 
 if __name__ == "__main__":
