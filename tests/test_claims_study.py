@@ -150,11 +150,13 @@ def test_progress_says_where_every_run_stands_from_its_logs(tmp_path):
     validation_log(scalable / "stage1", [5.0, 4.8])
     (scalable / "stage1" / "training.json").write_text("{}")
     validation_log(scalable / "stage2", [4.9])
+    (scalable / "stage2" / "training.json").write_text("{}")
+    validation_log(scalable / "stage3", [])  # started, no epoch validated yet
     lines = study.progress(tmp_path, study.Results(tmp_path / "results.jsonl"), claims).splitlines()[2:]
     assert lines == ["| partialformer | PartialFormer | 1 | in progress, epochs 1-3 | 4.600 (2) |",
                      "| partialformer | Transformer 4 + 4 | 1 | not started |  |",
-                     "| tiny_scalable | scalable_tiny | 1 | stage 1 trained, epochs 1-2; stage 2 in progress, epochs 1-1 "
-                     "| stage 2 4.900 (1) |"]
+                     "| tiny_scalable | scalable_tiny | 1 | stage 1 trained, epochs 1-2; stage 2 trained, epochs 1-1; "
+                     "stage 3 in progress, epoch 1 | stage 2 4.900 (1) |"]
 
 
 def test_the_figure_draws_each_systems_curve_from_its_first_seed_that_recorded_one():

@@ -413,9 +413,11 @@ def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
                 states, best = [], ""
                 for stage, save in enumerate(trainings(run, system), 1):
                     losses = validation_losses(save)
-                    if not losses:
-                        break
                     name = f"stage {stage} " if system.widths else ""
+                    if not losses:
+                        # started (its log is there) but still in its first epoch
+                        states += [f"{name}in progress, epoch 1"] if (save / "train.log").exists() else []
+                        break
                     trained = (save / "training.json").exists()
                     states.append(f"{name}{'trained' if trained else 'in progress'}, epochs 1-{max(losses)}")
                     epoch = min(losses, key=losses.get)
