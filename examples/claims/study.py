@@ -291,8 +291,9 @@ def run_system(args, claim: Claim, system: System, seed: int) -> List[dict]:
                  **score(args, checkpoint, system), "valid_curve": curve(run, system)}]
     training = train_scalable(args, system, run, seed)
     checkpoint = average_last_epochs(trainings(run, system)[-1])
+    losses = curve(run, system)  # the widest's, shared by every width
     return [{**head, "system": f"{system.name} w{w}", **training, "params": parameters(checkpoint, w),
-             **score(args, checkpoint, system, w), "valid_curve": curve(run, system)} for w in system.widths]
+             **score(args, checkpoint, system, w), "valid_curve": losses} for w in system.widths]
 
 
 def close_claims(rows: List[dict], claims: Sequence[Claim]) -> List[Claim]:
@@ -358,10 +359,13 @@ def mean(runs: List[dict], key: str) -> float:
 
 
 def system_and_width(name: str, claim: Claim) -> Tuple[str, int]:
-    """A row name -> (its system's name, width): a scalable model's rows are "<system> w<width>"."""
+    """A row name -> (its system's name, width): a scalable model's rows are "<system> w<width>".
+    Raises ValueError for a name that is neither a system of ``claim`` nor of that form."""
     if any(s.name == name for s in claim.systems):
         return name, 0
-    system, width = name.rsplit(" w", 1)
+    system, _, width = name.rpartition(" w")
+    if not (system and width.isdigit()):
+        raise ValueError(f"{name!r} is not a system of the {claim.name} claim")
     return system, int(width)
 
 
