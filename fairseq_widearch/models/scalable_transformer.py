@@ -12,6 +12,7 @@ choose D^i per layer.
 ``model.set_sample_config(width, layer_widths=None)`` selects the active sub-Transformer; the
 blocks are in :mod:`fairseq_widearch.modules.slimmable`.
 """
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -22,6 +23,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, base_architecture
 from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.modules.fairseq_dropout import FairseqDropout
+from fairseq.tasks import FairseqTask
 from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
@@ -29,6 +31,8 @@ from ..modules.slimmable import HEAD_DIM, CroppedPositions, SlimmableAttention, 
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
 from .presets import set_defaults
 from .validation import reject_unapplied, require
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -344,6 +348,17 @@ def validate_scalable_config(args):
             "--encoder-normalize-before and --decoder-normalize-before must agree")
 
 
+def warn_if_widest_only(args, task):
+    """Log a warning when a fairseq task other than ``scalable_translation`` builds a model that is
+    not an export: such a task trains and decodes only the widest sub-Transformer (C = M_max), never
+    the narrower ones Sec. 3.3 trains, which the user of this arch is unlikely to mean."""
+    from ..tasks.scalable_translation import ScalableTranslationTask  # that module imports this one
+
+    if isinstance(task, FairseqTask) and not isinstance(task, ScalableTranslationTask) and not args.exported_width:
+        logger.warning(f"{type(task).__name__} trains and decodes only the widest sub-Transformer (width "
+                       f"{args.encoder_embed_dim}); --task scalable_translation trains the narrower ones too (Sec. 3.3)")
+
+
 @register_model("scalable_transformer")
 class ScalableTransformerModel(WideTransformerModel):
     """Scalable Transformer (Gao et al. 2021). Flags: :class:`ScalableTransformerConfig`; presets
@@ -361,6 +376,7 @@ class ScalableTransformerModel(WideTransformerModel):
     def build_model(cls, args, task):
         model = super().build_model(args, task)
         model.set_sample_config(*model.widest_config())
+        warn_if_widest_only(args, task)
         return model
 
     def widest_config(self) -> Tuple[int, List[int]]:

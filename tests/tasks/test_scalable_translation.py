@@ -138,3 +138,19 @@ def test_training_with_another_criterion_fails_naming_the_flag():
     task = make_task()
     with pytest.raises(ValueError, match="--criterion scalable_self_distillation .* not LabelSmoothedCrossEntropy"):
         task.train_step(make_sample(), model, LabelSmoothedCrossEntropyCriterion(task, False, 0.1), BackwardCounter(), 0)
+
+
+@pytest.mark.parametrize("task_class, exported, warned", [
+    ("translation", False, True), ("scalable_translation", False, False), ("translation", True, False)])
+def test_a_task_that_trains_only_the_widest_says_so(caplog, task_class, exported, warned):
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+    from fairseq_widearch.model_builder import parse_arch_args
+
+    d = dummy_dictionary(VOCAB)
+    task = make_task() if task_class == "scalable_translation" else TranslationTask(TranslationConfig(), d, d)
+    export = ["--exported-width", "64", "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
+              "--encoder-attention-heads", "1", "--decoder-attention-heads", "1"]  # as export_subnet writes it
+    args = parse_arch_args("scalable_transformer_tiny", export if exported else [])
+    with caplog.at_level("WARNING", logger="fairseq_widearch.models.scalable_transformer"):
+        task.build_model(args)
+    assert ("trains and decodes only the widest sub-Transformer (width 128)" in caplog.text) == warned
