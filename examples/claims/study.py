@@ -405,8 +405,9 @@ def table(rows: List[dict], claim: Claim) -> str:
 
 
 def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
-    """Markdown: where every run of ``claims`` stands (scored, trained, the epoch reached, not
-    started) and its best validation loss so far, read from the runs' logs; trains nothing."""
+    """Markdown: where every run of ``claims`` stands (scored, here or as the system another claim
+    shares; trained; the epoch reached; not started) and its best validation loss so far, read from
+    the runs' logs; trains nothing."""
     lines = ["| claim | system | seed | state | best valid loss (epoch) |", "|---|---|---|---|---|"]
     for claim in claims:
         for seed in SEEDS:
@@ -426,7 +427,9 @@ def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
                     states.append(f"{name}{'trained' if trained else 'in progress'}, epochs 1-{max(losses)}")
                     epoch = min(losses, key=losses.get)
                     best = f"{name}{losses[epoch]:.3f} ({epoch})"
-                state = "scored" if results.done(claim, system, seed) else "; ".join(states) or "not started"
+                twin = results.twin(claim, system, seed)
+                state = ("scored" if results.done(claim, system, seed) else f"scored as {twin[0]['same_run_as']}"
+                         if twin else "; ".join(states) or "not started")
                 lines.append(f"| {claim.name} | {system.name} | {seed} | {state} | {best} |")
     return "\n".join(lines)
 
