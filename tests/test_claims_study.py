@@ -195,3 +195,14 @@ def test_the_kept_results_file_names_only_the_study_systems_and_carries_every_sc
         assert {"epochs", "updates", "params", "valid_loss", "bleu", "bleu_signature"} <= r.keys()
         assert r.get("valid_curve") or r.get("transcribed"), r["system"]
     assert len({(r["claim"], r["system"], r["seed"]) for r in rows}) == len(rows)  # each run once
+
+
+def test_a_run_started_with_other_flags_is_not_resumed_under_new_ones(tmp_path):
+    claim = study.CLAIMS["tiny"]
+    args, save = Namespace(device="cpu", max_epoch=1, patience=3), tmp_path / "run"
+    study.same_training(save, ["--arch", "widenet_tiny", "--finetune-from-model", tmp_path / "a" / "last.pt"])
+    # the same flags in a moved work directory, or a raised --max-epoch, resume
+    study.same_training(save, ["--arch", "widenet_tiny", "--finetune-from-model", tmp_path / "b" / "last.pt"])
+    with pytest.raises(ValueError, match="other flags"):
+        study.fairseq_train(args, tmp_path, claim.systems[0].flags, save, 1)
+    assert not (save / "train.log").exists()
