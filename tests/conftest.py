@@ -18,6 +18,10 @@ TINY_ARCHS = sorted(name for name, cls in ARCH_MODEL_REGISTRY.items()
                     if cls in PLUGIN_MODELS and name.endswith("_tiny"))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (tests/cuda; skipped without one): pytest -m cuda")
+
+
 def run(cmd, cwd=None, env=None, timeout=600, input=None):
     """Run a command (``input``: text for its stdin); on failure raise with its output so pytest shows why."""
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,

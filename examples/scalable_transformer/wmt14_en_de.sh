@@ -42,8 +42,9 @@ python "$ROOT/examples/scalable_transformer/distillation_targets.py" --data "$DA
 stage 3 30 0.004 "$SAVE/distilled" "$SAVE/stage3" --lambda3 0.9 \
   --finetune-from-model "$SAVE/stage2/checkpoint_last.pt" "$@"
 
+# the last 10 epoch checkpoints (--keep-last-epochs 10), whichever epochs stage 3 ended at
 python -m fairseq_widearch.cli.average_checkpoints --out "$SAVE/stage3/checkpoint_avg10.pt" \
-  --inputs $(for epoch in $(seq 21 30); do echo "$SAVE/stage3/checkpoint$epoch.pt"; done)
+  --inputs $(ls "$SAVE"/stage3/checkpoint[0-9]*.pt | sort -V | tail -10)
 for width in 256 320 384 448 512 576 640 704 768 832 896 960 1024; do
   fairseq-generate "$DATA" --user-dir "$ROOT/fairseq_widearch" --path "$SAVE/stage3/checkpoint_avg10.pt" \
     --task scalable_translation --eval-width "$width" --beam 4 --lenpen 0.6 --remove-bpe --batch-size 128 \

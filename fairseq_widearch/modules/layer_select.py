@@ -96,8 +96,9 @@ class LayerSelect(nn.Module):
         return self.temperature * (self.min_temperature / self.temperature) ** progress
 
     def probs(self) -> Tensor:
-        """q(z_l = 1) = σ(α_l) for every posterior and layer, ``(P, L)``."""
-        return torch.sigmoid(self.logits)
+        """q(z_l = 1) = σ(α_l) for every posterior and layer, ``(P, L)``, fp32 whatever the model's
+        dtype (in fp16 σ(α) rounds to 1 from α ≈ 7.6, and the KL's log(1 − q) with it)."""
+        return torch.sigmoid(self.logits.float())
 
     def outputs(self, stack: str, z: Tensor) -> Dict[str, List[Tensor]]:
         """The auxiliary outputs of one forward pass of ``stack`` (``encoder``/``decoder``):
@@ -119,9 +120,11 @@ class LayerSelect(nn.Module):
         return 0 <= self.soft_updates <= self.num_updates
 
     def forward(self) -> Tensor:
-        """z ``(P, L)``: Gumbel-sigmoid samples in training (Eq. 5), deterministic at inference:
+        """z ``(P, L)``, fp32: Gumbel-sigmoid samples in training (Eq. 5), deterministic at inference:
         soft, the mean of those samples (for hard samples, P(z = 1) = σ(α)); or hard selection."""
-        logits = self.logits
+        # fp32 whatever the model's dtype: fp16 uniforms are 0 with probability 2^-11, and
+        # clamp_min(1e-10) is 0 in fp16, so g_1 − g_2 would be −inf + inf = NaN once in 4M draws
+        logits = self.logits.float()
         if not self.training:
             q = torch.sigmoid(logits)
             if self.inference == "hard":

@@ -95,3 +95,18 @@ def test_soft_inference_weights_are_the_mean_of_the_training_samples(temperature
     torch.testing.assert_close(soft, monte_carlo, atol=4e-3, rtol=0)
     if soft_updates < 0:  # relaxed samples: σ(α) is not their mean (0.881 against 0.596 at α = 2, τ = 5)
         assert (soft[1:] - torch.sigmoid(logits[1:])).abs().min() > 0.03
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_model_samples_and_probs_in_fp32(dtype):
+    """A model cast to fp16 (fairseq's --fp16) keeps the Gumbel-sigmoid and q = σ(α) in fp32: fp16
+    uniforms are exactly 0 once in 2,048 draws, so two of them in one sample give −inf + inf = NaN
+    (about one in 4M samples, here 4M per draw), and σ(8) rounds to 1 in fp16."""
+    torch.manual_seed(0)
+    select = LayerSelect(num_layers=1024, num_posteriors=4096).to(dtype).train()
+    for _ in range(3):
+        z = select()
+        assert z.dtype == torch.float32 and torch.isfinite(z).all()
+    with torch.no_grad():
+        select.logits.fill_(8.0)
+    assert select.probs().dtype == torch.float32 and (select.probs() < 1).all()

@@ -1,0 +1,105 @@
+#!/usr/bin/env python
+"""Host synchronisations per training step on a CUDA GPU, for every architecture's Multi30k preset
+and the stock Transformer beside them (issue: each one stalls the GPU until its queue drains).
+
+A training step here is the model's part of fairseq's step: forward, a loss (cross-entropy on
+random targets plus the model's auxiliary losses in ``extra``), backward and an Adam update; a
+scalable model does it for each width of ``--widths`` (its staged training visits every width).
+After ``--warmup`` steps, ``torch.cuda.set_sync_debug_mode("warn")`` turns every synchronising
+call into a warning; they are counted over ``--steps`` steps and attributed to the Python line
+that made them. The last line is one JSON object: syncs per step for each system.
+
+    python benchmarks/host_syncs.py [--batch-size 32] [--src-len 30] [--tgt-len 30] [--steps 3]
+"""
+import argparse
+import json
+import warnings
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+import fairseq_widearch  # noqa: F401  (registers the plugin)
+from fairseq_widearch.model_builder import build_model
+
+SYSTEMS = {
+    "transformer": ("transformer", ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
+                                    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+                                    "--encoder-layers", "3", "--decoder-layers", "3"]),
+    "multipath_transformer": ("multipath_transformer_multi30k", []),
+    "widenet": ("widenet_multi30k", []),
+    "scalable_transformer": ("scalable_transformer_multi30k", []),
+    # straight-through hard samples from the first update, as LL-D trains after its soft phase
+    "latent_depth_transformer": ("latent_depth_transformer_multi30k", ["--decoder-layers", "12",
+                                                                        "--latent-soft-updates", "0"]),
+    "partialformer": ("partialformer_multi30k", []),
+}
+
+
+def step(model, batch, widths):
+    src, lengths, prev, target = batch
+    for width in widths or [None]:
+        if width:
+            model.set_sample_config(width)
+        logits, extra = model(src, lengths, prev)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten())
+        loss = loss + sum(aux.sum() for aux in extra.get("moe_balance_loss", []))
+        loss.backward()
+
+
+def count(name, arch, argv, args):
+    torch.manual_seed(0)
+    model = build_model(arch, argv, vocab_size=args.vocab).cuda().train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    widths = args.widths if hasattr(model, "set_sample_config") else []
+    bsz = args.batch_size
+    batch = (torch.randint(4, args.vocab, (bsz, args.src_len), device="cuda"),
+             torch.full((bsz,), args.src_len, device="cuda"),
+             torch.randint(4, args.vocab, (bsz, args.tgt_len), device="cuda"),
+             torch.randint(4, args.vocab, (bsz, args.tgt_len), device="cuda"))
+
+    def update():
+        step(model, batch, widths)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        update()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(args.steps):
+                update()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where = Counter(f"{w.filename.split('site-packages/')[-1].split('fairseq_widearch/')[-1]}:{w.lineno}"
+                    for w in caught if "synchroniz" in str(w.message))
+    return sum(where.values()) / args.steps, {k: v / args.steps for k, v in where.most_common()}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--src-len", type=int, default=30)
+    p.add_argument("--tgt-len", type=int, default=30)
+    p.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")], default=[64, 128, 192, 256])
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU (sync debug mode is CUDA's)")
+    result = {}
+    for name in args.systems.split(","):
+        arch, flags = SYSTEMS[name]
+        per_step, where = count(name, arch, flags, args)
+        result[name] = per_step
+        print(f"{name:26s} {per_step:6.1f} syncs per step  " + ", ".join(f"{k} x{v:g}" for k, v in where.items()))
+    print(json.dumps({"syncs_per_step": result, "device": torch.cuda.get_device_name()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""CUDA tier (``pytest -m cuda``; every test here is skipped where CUDA is absent, so a CPU run is
+unchanged): every architecture's ``_tiny`` preset, the scalable one under its own task and
+self-distillation criterion, trained on the quick start's Multi30k data with fairseq's
+``--fp16`` (FP16Optimizer), ``--memory-efficient-fp16`` and ``--amp``; fp16 decoding against fp32
+decoding of the same checkpoint; incremental = full decoding in fp16; the fp32 islands of a
+half-precision model. docs/gpu.md records a run and its figures.
+
+The data: ``MULTI30K_DATA`` (default ``runs/multi30k/data``, what ``examples/multi30k/setup.sh``
+prepares: ``bin/``, ``bpe/codes``, ``test.ref.de``). ``WIDEARCH_CUDA_REPORT=FILE`` appends one JSON
+line per measured case to FILE (the figures of docs/gpu.md).
+"""
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, TINY_ARCHS, criterion_for, fairseq_cli, run
+from test_conformance import VOCAB, batch
+from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
+from fairseq_widearch.model_builder import build_model
+
+sys.path.insert(0, str(REPO / "examples" / "multi30k"))
+from score import corpus_bleu, generate  # noqa: E402  (the quick start's decoding and scoring)
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+UPDATES = 300
+LOG_INTERVAL = 25
+PRECISIONS = {"fp16": ["--fp16"], "memory_efficient_fp16": ["--memory-efficient-fp16"], "amp": ["--amp"]}
+SCALABLE_TASK = ["--task", "scalable_translation", "--criterion", "scalable_self_distillation", "--distill-stage", "2"]
+#: Every `_tiny` preset; the scalable one in stage 2 (every width, the word-level distillation KL).
+CASES = {arch: SCALABLE_TASK if arch.startswith("scalable") else [] for arch in TINY_ARCHS}
+TRAIN_FLAGS = ["--num-workers", "0", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.002",
+               "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--max-tokens", "4096",
+               "--label-smoothing", "0.1", "--seed", "1", "--max-update", str(UPDATES), "--log-format", "json",
+               "--log-interval", str(LOG_INTERVAL), "--no-epoch-checkpoints", "--disable-validation"]
+#: fp16 decoding may differ from fp32 decoding of the same checkpoint by this much sacreBLEU.
+BLEU_TOLERANCE = 0.3
+#: |incremental − full| log-probabilities in fp16 (half an fp16 ulp at |log p| ≈ 8 is 0.004).
+FP16_LOGPROB_TOLERANCE = 1e-2
+
+
+def report(**row):
+    if os.environ.get("WIDEARCH_CUDA_REPORT"):
+        with open(os.environ["WIDEARCH_CUDA_REPORT"], "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+@pytest.fixture(scope="session")
+def quickstart_data():
+    work = Path(os.environ.get("MULTI30K_DATA", REPO / "runs" / "multi30k" / "data"))
+    if not (work / "bin" / "dict.en.txt").exists():
+        pytest.fail(f"the quick start's Multi30k data expected in {work}: run examples/multi30k/setup.sh "
+                    "or set MULTI30K_DATA")
+    return work
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, quickstart_data):
+    """(arch, precision) -> (checkpoint, the train_inner statistics), each trained once."""
+    done = {}
+
+    def train(arch, precision):
+        if (arch, precision) not in done:
+            save = tmp_path_factory.mktemp(f"{arch}_{precision}")
+            extra = CASES[arch]
+            criterion = [] if "--criterion" in extra else criterion_for(arch)
+            log = run([fairseq_cli("train"), quickstart_data / "bin", "--user-dir", REPO / "fairseq_widearch",
+                       "--arch", arch, "--save-dir", save, *TRAIN_FLAGS, *criterion, *extra,
+                       *PRECISIONS[precision]], timeout=900)
+            done[arch, precision] = save / "checkpoint_last.pt", train_inner(log.stdout + log.stderr)
+        return done[arch, precision]
+
+    return train
+
+
+def train_inner(log: str):
+    """fairseq's ``--log-format json`` train_inner records, in order."""
+    return [json.loads(line.split("train_inner | ", 1)[1]) for line in log.splitlines() if "train_inner | " in line]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_mixed_precision_training_is_finite_learns_and_keeps_its_loss_scale(arch, precision, trained):
+    _, stats = trained(arch, precision)
+    assert len(stats) == UPDATES // LOG_INTERVAL
+    for record in stats:
+        for key, value in record.items():
+            assert not isinstance(value, (int, float)) or math.isfinite(value), f"{key} = {value} at {record}"
+    losses, scales = [float(r["loss"]) for r in stats], [float(r["loss_scale"]) for r in stats]
+    report(test="training", arch=arch, precision=precision, first_loss=losses[0], last_loss=losses[-1],
+           min_loss_scale=min(scales), last_loss_scale=scales[-1])
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 1.0, losses
+    # fairseq starts at 128 and stops (FloatingPointError) at --min-loss-scale 1e-4; a scale
+    # under 1 means the gradients overflowed fp16 over and over
+    assert min(scales) >= 1.0, scales
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_fp16_decoding_scores_as_fp32_decoding(arch, trained, quickstart_data, tmp_path):
+    checkpoint, _ = trained(arch, "fp16")
+    task = CASES[arch][:2]
+    bleu = {}
+    for name, flags in (("fp32", []), ("fp16", ["--fp16"])):
+        out = tmp_path / f"{name}.txt"
+        generate(quickstart_data / "bin", checkpoint, out, quickstart_data / "bpe" / "codes", 5, "1.0", *task, *flags,
+                 cpu=False)
+        bleu[name] = corpus_bleu(out, quickstart_data / "test.ref.de")[0].score
+    report(test="decoding", arch=arch, bleu_fp32=bleu["fp32"], bleu_fp16=bleu["fp16"])
+    assert bleu["fp32"] > 1.0, bleu  # a model that learned something: equal zeros would prove nothing
+    assert abs(bleu["fp16"] - bleu["fp32"]) <= BLEU_TOLERANCE, bleu
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_incremental_decoding_equals_full_decoding_in_fp16(arch):
+    torch.manual_seed(0)
+    model = build_model(arch, vocab_size=VOCAB).cuda().half().eval()
+    src, lengths, prev = (t.cuda() for t in batch())
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        full = model.get_normalized_probs(model.decoder(prev, encoder_out=encoder_out), log_probs=True)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            out = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+            steps.append(model.get_normalized_probs(out, log_probs=True))
+    difference = (full.float() - torch.cat(steps, dim=1).float()).abs().max().item()
+    report(test="incremental", arch=arch, max_abs_logprob_difference=difference)
+    assert full.dtype == torch.float16 and difference <= FP16_LOGPROB_TOLERANCE
+
+
+def test_router_gumbel_sigmoid_and_kl_stay_fp32_in_a_half_model():
+    """docs/widenet.md (router) and docs/latent_depth_transformer.md (samples, q, KL): fp32
+    whatever the model's dtype, on the GPU as on the CPU."""
+    torch.manual_seed(0)
+    src, lengths, prev = (t.cuda() for t in batch())
+    widenet = build_model("widenet_tiny", vocab_size=VOCAB).cuda().half().train()
+    logits, extra = widenet(src, lengths, prev)
+    assert logits.dtype == torch.float16 and torch.isfinite(logits).all()
+    assert all(loss.dtype == torch.float32 for loss in extra["moe_balance_loss"])
+    latent = build_model("latent_depth_transformer_tiny", vocab_size=VOCAB).cuda().half().train()
+    logits, extra = latent(src, lengths, prev)
+    assert logits.dtype == torch.float16 and torch.isfinite(logits).all()
+    probs, samples = extra["latent_probs_decoder"][0], extra["latent_samples_decoder"][0]
+    assert probs.dtype == samples.dtype == torch.float32 and probs.is_cuda
+    assert bernoulli_kl(probs, 0.5).dtype == torch.float32
