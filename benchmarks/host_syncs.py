@@ -1,18 +1,20 @@
 #!/usr/bin/env python
-"""Host synchronisations per training step on a CUDA GPU, for every architecture's Multi30k preset
-and the stock Transformer beside them (issue: each one stalls the GPU until its queue drains).
+"""Host synchronisations per training pass on a CUDA GPU, for every architecture's Multi30k preset
+and the stock Transformer beside them: at each one the host waits until the GPU has drained its queue.
 
 A training step here is the model's part of fairseq's step: forward, a loss (cross-entropy on
-random targets plus the model's auxiliary losses in ``extra``), backward and an Adam update; a
-scalable model does it for each width of ``--widths`` (its staged training visits every width).
-After ``--warmup`` steps, ``torch.cuda.set_sync_debug_mode("warn")`` turns every synchronising
-call into a warning; they are counted over ``--steps`` steps and attributed to the Python line
-that made them. The last line is one JSON object: syncs per step for each system.
+random targets plus the model's auxiliary losses in ``extra``), backward, and an Adam update; a
+scalable model makes a pass (forward, backward) for each width of ``--widths`` (its staged
+training visits every width), the others one. After ``--warmup`` steps,
+``torch.cuda.set_sync_debug_mode("warn")`` turns every synchronising call into a warning; they
+are counted over ``--steps`` steps, attributed to the Python line that made them, and divided by
+the passes. The last line is one JSON object: syncs per pass for each system.
 
     python benchmarks/host_syncs.py [--batch-size 32] [--src-len 30] [--tgt-len 30] [--steps 3]
 """
 import argparse
 import json
+import linecache
 import warnings
 from collections import Counter
 
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.model_builder import build_model
 
+PAD = 1  # fairseq's padding index
 SYSTEMS = {
     "transformer": ("transformer", ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
                                     "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
@@ -38,25 +41,34 @@ SYSTEMS = {
 
 def step(model, batch, widths):
     src, lengths, prev, target = batch
-    for width in widths or [None]:
+    for width in widths or [None]:  # one pass per width
         if width:
             model.set_sample_config(width)
         logits, extra = model(src, lengths, prev)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten())
+        loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), ignore_index=PAD)
         loss = loss + sum(aux.sum() for aux in extra.get("moe_balance_loss", []))
         loss.backward()
 
 
-def count(name, arch, argv, args):
+def site(warning) -> str:
+    """``file:line code`` of the Python line that synchronised (file from its package down)."""
+    path = warning.filename.split("site-packages/")[-1].split("fairseq_widearch/")[-1]
+    return f"{path}:{warning.lineno} {linecache.getline(warning.filename, warning.lineno).strip()}"
+
+
+def count(arch, argv, args):
+    """-> (syncs per training pass, {"file:line code": syncs per pass})."""
     torch.manual_seed(0)
     model = build_model(arch, argv, vocab_size=args.vocab).cuda().train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     widths = args.widths if hasattr(model, "set_sample_config") else []
     bsz = args.batch_size
-    batch = (torch.randint(4, args.vocab, (bsz, args.src_len), device="cuda"),
-             torch.full((bsz,), args.src_len, device="cuda"),
-             torch.randint(4, args.vocab, (bsz, args.tgt_len), device="cuda"),
-             torch.randint(4, args.vocab, (bsz, args.tgt_len), device="cuda"))
+    src, prev, target = (torch.randint(4, args.vocab, (bsz, n), device="cuda")
+                         for n in (args.src_len, args.tgt_len, args.tgt_len))
+    lengths = torch.full((bsz,), args.src_len, device="cuda")
+    # padded as fairseq pads: one source 2 tokens shorter (left-padded), one target too (right)
+    src[0, :2], lengths[0], prev[0, -2:], target[0, -2:] = PAD, args.src_len - 2, PAD, PAD
+    batch = (src, lengths, prev, target)
 
     def update():
         step(model, batch, widths)
@@ -74,12 +86,12 @@ def count(name, arch, argv, args):
                 update()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    where = Counter(f"{w.filename.split('site-packages/')[-1].split('fairseq_widearch/')[-1]}:{w.lineno}"
-                    for w in caught if "synchroniz" in str(w.message))
-    return sum(where.values()) / args.steps, {k: v / args.steps for k, v in where.most_common()}
+    where = Counter(site(w) for w in caught if "synchroniz" in str(w.message))
+    passes = args.steps * max(len(widths), 1)
+    return sum(where.values()) / passes, {k: v / passes for k, v in where.most_common()}
 
 
-def main(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--vocab", type=int, default=8000)
@@ -89,16 +101,21 @@ def main(argv=None):
     p.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")], default=[64, 128, 192, 256])
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
+    return p
+
+
+def main(argv=None):
+    p = parser()
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (sync debug mode is CUDA's)")
     result = {}
     for name in args.systems.split(","):
         arch, flags = SYSTEMS[name]
-        per_step, where = count(name, arch, flags, args)
-        result[name] = per_step
-        print(f"{name:26s} {per_step:6.1f} syncs per step  " + ", ".join(f"{k} x{v:g}" for k, v in where.items()))
-    print(json.dumps({"syncs_per_step": result, "device": torch.cuda.get_device_name()}))
+        per_pass, where = count(arch, flags, args)
+        result[name] = per_pass
+        print(f"{name:26s} {per_pass:6.1f} syncs per pass  " + "\n    ".join(f"x{v:g}  {k}" for k, v in where.items()))
+    print(json.dumps({"syncs_per_pass": result, "device": torch.cuda.get_device_name()}))
 
 
 if __name__ == "__main__":

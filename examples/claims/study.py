@@ -171,6 +171,11 @@ def criterion(flags: Sequence[str]) -> List[str]:
     return ["--criterion", getattr(arch, "auxiliary_criterion", None) or "label_smoothed_cross_entropy"]
 
 
+def device_name(args) -> str:
+    """Where a run trains, kept in its row: ``cpu``, or ``cuda (<the GPU's name>)``."""
+    return "cpu" if args.device == "cpu" else f"cuda ({torch.cuda.get_device_name()})"
+
+
 def device_flags(args) -> List[str]:
     return ["--cpu"] if args.device == "cpu" else []
 
@@ -309,7 +314,7 @@ def curve(run: Path, system: System) -> List[float]:
 def run_system(args, claim: Claim, system: System, seed: int) -> List[dict]:
     """Train one system to convergence, average and score it: one row (one per width if scalable)."""
     run = run_dir(args.work_dir, claim, system, seed)
-    head = {"claim": claim.name, "seed": seed}
+    head = {"claim": claim.name, "seed": seed, "device": device_name(args)}
     if not system.widths:
         training = fairseq_train(args, args.data, system.flags, run, seed)
         checkpoint = average_last_epochs(run)

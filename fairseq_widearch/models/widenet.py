@@ -272,7 +272,9 @@ class RoutingGroups:
         self.aux["moe_balance_loss"].append(routing.balance_loss)
         kept = routing.kept.float()
         self.aux["moe_dropped"].append(1 - kept.mean() if kept.numel() else kept.sum())
-        self.aux["moe_load"].append(torch.bincount(routing.expert[routing.kept], minlength=routing.num_experts).float())
+        # assignments kept per expert, by scatter_add: bincount of the kept ones would wait for the GPU
+        load = kept.new_zeros(routing.num_experts).scatter_add_(0, routing.expert, kept)
+        self.aux["moe_load"].append(load)
 
 
 class WideNetEncoder(LayerLoopEncoder):

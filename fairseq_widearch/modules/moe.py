@@ -176,19 +176,22 @@ class MoELayer(nn.Module):
         flat = x.reshape(T * B, d)
         # (T, B) -> rows of the non-padding tokens in the flattened batch
         rows = None
-        if padding_mask is not None and padding_mask.any():
+        if padding_mask is not None:
+            # the one wait for the GPU per call: the number of real tokens N sets the buffers' shape
+            # (capacity B); an "any padding?" check first would be a second
             rows = (~padding_mask.t().reshape(-1)).nonzero().squeeze(1)
         tokens = flat.index_select(0, rows) if rows is not None else flat
         if routing is None:
             routing = self.router(tokens)
         E, cap = routing.num_experts, routing.capacity
-        kept = routing.kept.nonzero().squeeze(1)
-        where = routing.expert[kept] * cap + routing.slot[kept]  # flat buffer position
-        token = routing.token[kept]
-        buffer = tokens.new_zeros(E * cap, d).index_copy(0, where, tokens.index_select(0, token))
-        out = self.experts(buffer.view(E, cap, d)).view(E * cap, d)
-        weighted = out.index_select(0, where) * routing.gate[kept].to(out.dtype)[:, None]
-        y = tokens.new_zeros(tokens.shape).index_add(0, token, weighted)
+        # Dropped assignments are written to a spare row past the E x B buffer and read back with a
+        # gate of 0, rather than filtered out: filtering (nonzero) waits for the GPU on every call.
+        where = torch.where(routing.kept, routing.expert * cap + routing.slot, E * cap)  # flat buffer position
+        buffer = tokens.new_zeros(E * cap + 1, d).index_copy(0, where, tokens.index_select(0, routing.token))
+        out = self.experts(buffer[:-1].view(E, cap, d)).view(E * cap, d)
+        gate = routing.gate.masked_fill(~routing.kept, 0.0).to(out.dtype)
+        weighted = out.index_select(0, where.clamp_max(E * cap - 1)) * gate[:, None]
+        y = tokens.new_zeros(tokens.shape).index_add(0, routing.token, weighted)
         if rows is not None:
             y = flat.new_zeros(flat.shape).index_copy(0, rows, y)
         return y.view(T, B, d), routing

@@ -147,3 +147,18 @@ def test_router_gumbel_sigmoid_and_kl_stay_fp32_in_a_half_model():
     probs, samples = extra["latent_probs_decoder"][0], extra["latent_samples_decoder"][0]
     assert probs.dtype == samples.dtype == torch.float32 and probs.is_cuda
     assert bernoulli_kl(probs, 0.5).dtype == torch.float32
+
+
+def test_the_models_wait_for_the_gpu_only_to_ask_where_the_padding_is():
+    """Host synchronisations per training pass (benchmarks/host_syncs.py) in the models' code,
+    ours and fairseq's: only "is there padding / where?" (fairseq's own checks, which ours mirror,
+    and the MoE's rows of real tokens, whose count sets its buffers' shape). The MoE dispatch, its
+    load statistics, the scalable cropping and the latent layer selection add none."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import host_syncs
+    args = host_syncs.parser().parse_args([])
+    for name, (arch, flags) in host_syncs.SYSTEMS.items():
+        per_pass, where = host_syncs.count(arch, flags, args)
+        report(test="host_syncs", system=name, syncs_per_pass=per_pass, where=where)
+        models = {site: n for site, n in where.items() if site.startswith(("fairseq/", "models/", "modules/"))}
+        assert all("padding_mask" in site for site in models), f"{name}: {models}"
