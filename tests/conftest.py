@@ -20,6 +20,8 @@ TINY_ARCHS = sorted(name for name, cls in ARCH_MODEL_REGISTRY.items()
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (tests/cuda; skipped without one): pytest -m cuda")
+    # pytest-xdist's, registered here too so that a run without xdist does not warn about it
+    config.addinivalue_line("markers", "xdist_group(name): tests one xdist worker runs (--dist loadgroup)")
 
 
 def run(cmd, cwd=None, env=None, timeout=600, input=None):

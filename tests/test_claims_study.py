@@ -5,8 +5,9 @@ import sys
 from argparse import Namespace
 
 import pytest
+import torch
 
-from conftest import REPO, run
+from conftest import REPO, run, train
 
 sys.path.insert(0, str(REPO / "examples" / "claims"))
 import study  # noqa: E402
@@ -206,3 +207,14 @@ def test_a_run_started_with_other_flags_is_not_resumed_under_new_ones(tmp_path):
     with pytest.raises(ValueError, match="other flags"):
         study.fairseq_train(args, tmp_path, claim.systems[0].flags, save, 1)
     assert not (save / "train.log").exists()
+
+
+def test_a_latent_depth_row_names_the_layers_hard_selection_keeps(multi30k_bin, tmp_path):
+    train(multi30k_bin, tmp_path, "latent_depth_transformer_tiny", max_update=1)  # LL-Both: 2 + 3 latent layers
+    checkpoint = tmp_path / "checkpoint_last.pt"
+    state = torch.load(checkpoint, weights_only=False)
+    state["model"]["encoder.layer_select.logits"] = torch.tensor([[-1.0, 0.5]])
+    state["model"]["decoder.layer_select.logits"] = torch.tensor([[2.0, -2.0, 3.0]])
+    torch.save(state, checkpoint)
+    assert study.latent_kept(checkpoint) == {"latent_kept": {"encoder.layer_select": [1],
+                                                             "decoder.layer_select": [0, 2]}}

@@ -265,6 +265,17 @@ def parameters(checkpoint: Path, width: int = 0) -> int:
     return param_counts(model)["params"]
 
 
+def latent_kept(checkpoint: Path) -> dict:
+    """``{"latent_kept": {module: [layer indices]}}``: the layers hard selection keeps in each
+    latent stack of the model (σ(α_l) above its LayerSelect's threshold); {} for other models."""
+    from fairseq import checkpoint_utils
+    from fairseq_widearch.modules import LayerSelect
+    [model], _ = checkpoint_utils.load_model_ensemble([str(checkpoint)])
+    kept = {name: (select.probs()[0] > select.threshold).nonzero().flatten().tolist()
+            for name, select in model.named_modules() if isinstance(select, LayerSelect)}
+    return {"latent_kept": kept} if kept else {}
+
+
 def train_scalable(args, system: System, run: Path, seed: int) -> dict:
     """Stages 1-3 (Eqs. 6, 7, 9), each to convergence with a fresh Adam; stage 3 on the stage-2
     model's beam outputs for the training set. -> the totals over the stages."""
@@ -319,7 +330,7 @@ def run_system(args, claim: Claim, system: System, seed: int) -> List[dict]:
         training = fairseq_train(args, args.data, system.flags, run, seed)
         checkpoint = average_last_epochs(run)
         return [{**head, "system": system.name, **training, "params": parameters(checkpoint),
-                 **score(args, checkpoint, system), "valid_curve": curve(run, system)}]
+                 **latent_kept(checkpoint), **score(args, checkpoint, system), "valid_curve": curve(run, system)}]
     training = train_scalable(args, system, run, seed)
     checkpoint = average_last_epochs(trainings(run, system)[-1])
     losses = curve(run, system)  # the widest's, shared by every width

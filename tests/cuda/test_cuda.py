@@ -5,7 +5,9 @@ self-distillation criterion, trained on the quick start's Multi30k data with fai
 decoding of the same checkpoint; incremental = full decoding in fp16; the fp32 islands of a
 half-precision model. docs/gpu.md records a run and its figures.
 
-The data: ``MULTI30K_DATA`` (default ``runs/multi30k/data``, what ``examples/multi30k/setup.sh``
+Run alone on the GPU (``python -m pytest tests/cuda -m cuda -rfE --tb=short -n 5 --dist loadgroup``
+takes minutes; beside other GPU work, give it room to finish and print its failures). The data:
+``MULTI30K_DATA`` (default ``runs/multi30k/data``, what ``examples/multi30k/setup.sh``
 prepares: ``bin/``, ``bpe/codes``, ``test.ref.de``). ``WIDEARCH_CUDA_REPORT=FILE`` appends one JSON
 line per measured case to FILE (the figures of docs/gpu.md).
 """
@@ -34,6 +36,9 @@ PRECISIONS = {"fp16": ["--fp16"], "memory_efficient_fp16": ["--memory-efficient-
 SCALABLE_TASK = ["--task", "scalable_translation", "--criterion", "scalable_self_distillation", "--distill-stage", "2"]
 #: Every `_tiny` preset; the scalable one in stage 2 (every width, the word-level distillation KL).
 CASES = {arch: SCALABLE_TASK if arch.startswith("scalable") else [] for arch in TINY_ARCHS}
+#: The archs, each test of one arch in one pytest-xdist group (``-n N --dist loadgroup``), so that
+#: its decoding test reuses its fp16 training.
+ARCHS = [pytest.param(arch, marks=pytest.mark.xdist_group(arch)) for arch in TINY_ARCHS]
 TRAIN_FLAGS = ["--num-workers", "0", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.002",
                "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--max-tokens", "4096",
                "--label-smoothing", "0.1", "--seed", "1", "--max-update", str(UPDATES), "--log-format", "json",
@@ -84,7 +89,7 @@ def train_inner(log: str):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_mixed_precision_training_is_finite_learns_and_keeps_its_loss_scale(arch, precision, trained):
     _, stats = trained(arch, precision)
     assert len(stats) == UPDATES // LOG_INTERVAL
@@ -100,7 +105,7 @@ def test_mixed_precision_training_is_finite_learns_and_keeps_its_loss_scale(arch
     assert min(scales) >= 1.0, scales
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_fp16_decoding_scores_as_fp32_decoding(arch, trained, quickstart_data, tmp_path):
     checkpoint, _ = trained(arch, "fp16")
     task = CASES[arch][:2]
