@@ -10,26 +10,30 @@ It runs twice, in fresh processes (``malloc_modes.py``): with glibc's default ma
 (``ratio_default_malloc``) and with freed memory reused (``ratio``); the MoE layer's expert
 buffers (E x B x d_ffn, 40 MB here) exceed glibc's 32 MB mmap ceiling, the dense FFN's do not.
 
-    python benchmarks/moe_throughput.py [--tokens 4096] [--dim 256] [--ffn 1024]
+On a GPU (``--device cuda``: one run in this process, the malloc settings concern host memory),
+at WideNet's size and precision: ``--device cuda --dtype fp16 --tokens 8192 --dim 768 --ffn 3072``.
+
+    python benchmarks/moe_throughput.py [--tokens 4096] [--dim 256] [--ffn 1024] [--device cpu|cuda]
+        [--dtype fp32|fp16|bf16]
 """
 import argparse
 import json
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 from malloc_modes import both_modes
+from on_device import add_arguments, check, clock, describe, to
 
 
-def fwd_bwd_seconds(fn, x, repeats):
-    start = time.perf_counter()
+def fwd_bwd_seconds(fn, x, repeats, args):
+    start = clock(args)
     for _ in range(repeats):
         out = fn(x)
-        out.sum().backward()
-    return time.perf_counter() - start
+        out.float().sum().backward()
+    return clock(args) - start
 
 
 def main(argv=None):
@@ -42,9 +46,11 @@ def main(argv=None):
     p.add_argument("--capacity-factor", type=float, default=1.2)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=5, help="calls per model per round")
+    add_arguments(p)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if not args.child:
+    check(p, args)
+    if not args.child and args.device == "cpu":
         default, reuse = both_modes(__file__, argv if argv is not None else sys.argv[1:])
         for label, res in (("glibc default malloc", default), ("freed memory reused", reuse)):
             print(f"-- {label}: MoE {res['moe_ms']:.2f} ms, dense FFN {res['dense_ms']:.2f} ms, "
@@ -53,9 +59,9 @@ def main(argv=None):
         return
     torch.manual_seed(0)
     router = TopKRouter(args.dim, args.experts, args.top_k, args.capacity_factor)
-    moe = MoELayer(router, Experts(args.experts, args.dim, args.ffn)).train()
-    fc1, fc2 = torch.nn.Linear(args.dim, args.ffn), torch.nn.Linear(args.ffn, args.dim)
-    x = torch.randn(args.tokens, 1, args.dim, requires_grad=True)
+    moe = to(MoELayer(router, Experts(args.experts, args.dim, args.ffn)), args).train()
+    fc1, fc2 = to(torch.nn.Linear(args.dim, args.ffn), args), to(torch.nn.Linear(args.ffn, args.dim), args)
+    x = to(torch.randn(args.tokens, 1, args.dim), args).requires_grad_()
 
     def moe_fn(inp):
         y, routing = moe(inp)
@@ -65,18 +71,18 @@ def main(argv=None):
         return fc2(F.relu(fc1(inp)))
 
     for fn in (moe_fn, dense_fn):  # warm-up
-        fwd_bwd_seconds(fn, x, 2)
+        fwd_bwd_seconds(fn, x, 2, args)
     seconds = {"moe": 0.0, "dense": 0.0}
     for r in range(args.rounds):
         for name in (("moe", "dense") if r % 2 == 0 else ("dense", "moe")):
-            seconds[name] += fwd_bwd_seconds(moe_fn if name == "moe" else dense_fn, x, args.repeats)
+            seconds[name] += fwd_bwd_seconds(moe_fn if name == "moe" else dense_fn, x, args.repeats, args)
     calls = args.rounds * args.repeats
     moe_ms, dense_ms = 1e3 * seconds["moe"] / calls, 1e3 * seconds["dense"] / calls
     ideal_ms = args.top_k * args.capacity_factor * dense_ms
     ratio = moe_ms / ideal_ms
     print(json.dumps({"tokens": args.tokens, "dim": args.dim, "ffn": args.ffn, "experts": args.experts,
                       "top_k": args.top_k, "capacity_factor": args.capacity_factor,
-                      "threads": torch.get_num_threads(), "moe_ms": round(moe_ms, 3),
+                      "threads": torch.get_num_threads(), **describe(args), "moe_ms": round(moe_ms, 3),
                       "dense_ms": round(dense_ms, 3), "ideal_ms": round(ideal_ms, 3), "ratio": round(ratio, 3),
                       "target": "<= 1.15"}))
 

@@ -11,12 +11,16 @@ object with the figures and ``ratio`` = multi-path tokens/s / deep tokens/s (tar
 The measurement runs twice, each in a fresh process (see ``malloc_modes.py``): with glibc's
 default malloc (``ratio_default_malloc``) and with freed memory reused (``ratio``).
 
-    python benchmarks/multipath_throughput.py [--dim 128] [--rounds 5] [--steps 5]
+On a GPU (``--device cuda``, one run: the malloc settings concern host memory), at the paper's
+size and precision: ``--device cuda --dtype fp16 --dim 512 --heads 8 --batch-size 200 --src-len 20
+--tgt-len 20`` (8,000 tokens a batch).
+
+    python benchmarks/multipath_throughput.py [--dim 128] [--rounds 5] [--steps 5] [--device cpu|cuda]
+        [--dtype fp32|fp16|bf16]
 """
 import argparse
 import json
 import sys
-import time
 
 import torch
 
@@ -24,6 +28,7 @@ import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.cli.stats import count_macs, param_counts
 from fairseq_widearch.model_builder import build_model
 from malloc_modes import both_modes
+from on_device import add_arguments, check, clock, describe, to
 
 
 def width_flags(dim, heads):
@@ -49,16 +54,16 @@ def make_batches(n, bsz, src_len, tgt_len, vocab, seed=0):
             for _ in range(n)]
 
 
-def train_steps(model, optimizer, batches):
+def train_steps(model, optimizer, batches, args):
     """One optimizer update per batch (forward, cross-entropy, backward, Adam); returns seconds."""
-    start = time.perf_counter()
+    start = clock(args)
     for src, lengths, prev, target in batches:
         optimizer.zero_grad(set_to_none=True)
         logits, _ = model(src, lengths, prev)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), target.view(-1))
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), target.view(-1))
         loss.backward()
         optimizer.step()
-    return time.perf_counter() - start
+    return clock(args) - start
 
 
 def measure(args):
@@ -68,19 +73,18 @@ def measure(args):
     torch.manual_seed(0)
     ms = models(args.dim, args.heads, args.vocab)
     stats = {name: {**param_counts(m), "macs": count_macs(m, args.src_len, args.tgt_len)} for name, m in ms.items()}
-    for m in ms.values():
-        m.train()
+    ms = {name: to(m, args).train() for name, m in ms.items()}
     opts = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in ms.items()}
-    batches = make_batches(args.steps, args.batch_size, args.src_len, args.tgt_len, args.vocab)
+    batches = to(make_batches(args.steps, args.batch_size, args.src_len, args.tgt_len, args.vocab), args)
     tokens_per_round = args.steps * args.batch_size * (args.src_len + args.tgt_len)
 
     for name in ms:  # warm-up (allocator, kernels) outside the measurement
-        train_steps(ms[name], opts[name], batches[:1])
+        train_steps(ms[name], opts[name], batches[:1], args)
     seconds = dict.fromkeys(ms, 0.0)
     for r in range(args.rounds):
         order = list(ms) if r % 2 == 0 else list(reversed(ms))  # alternate who goes first
         for name in order:
-            seconds[name] += train_steps(ms[name], opts[name], batches)
+            seconds[name] += train_steps(ms[name], opts[name], batches, args)
     result = {}
     for name in ms:
         result[name] = {"tokens_per_s": round(args.rounds * tokens_per_round / seconds[name], 1), **stats[name]}
@@ -99,22 +103,34 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds")
     p.add_argument("--steps", type=int, default=5, help="updates per model per round")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    add_arguments(p)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    check(p, args)
     if args.child:
         print(json.dumps(measure(args)))
         return
+    if args.device == "cuda":  # glibc's malloc holds no GPU memory: one run
+        res = measure(args)
+        report("cuda", res)
+        print(json.dumps({"dim": args.dim, "rounds": args.rounds, "steps": args.steps, **describe(args), **res}))
+        return
     default, reuse = both_modes(__file__, argv if argv is not None else sys.argv[1:])
     for label, res in (("glibc default malloc", default), ("freed memory reused", reuse)):
-        print(f"-- {label}")
-        for name in ("multipath_6l_4p", "deep24"):
-            r = res[name]
-            print(f"{name:>16}: {r['tokens_per_s']:9.1f} tokens/s  params {r['params'] / 1e6:.2f}M  "
-                  f"MACs(20+20) {r['macs'] / 1e6:.1f}M")
-        print(f"ratio multipath/deep = {res['ratio']}")
+        report(label, res)
     summary = {"dim": args.dim, "threads": torch.get_num_threads(), "rounds": args.rounds, "steps": args.steps,
-               **reuse, "ratio_default_malloc": default["ratio"], "default_malloc": default}
+               **describe(args), **reuse, "ratio_default_malloc": default["ratio"], "default_malloc": default}
     print(json.dumps(summary))
+
+
+def report(label, res):
+    """The human-readable lines of one measurement."""
+    print(f"-- {label}")
+    for name in ("multipath_6l_4p", "deep24"):
+        r = res[name]
+        print(f"{name:>16}: {r['tokens_per_s']:9.1f} tokens/s  params {r['params'] / 1e6:.2f}M  "
+              f"MACs(20+20) {r['macs'] / 1e6:.1f}M")
+    print(f"ratio multipath/deep = {res['ratio']}")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,13 @@ incremental decoder steps + output projections, beams included) are measured wit
 ``macs_ratio`` = Transformer MACs / PartialFormer MACs: if decoding speed followed the work done,
 the two would be equal (target: ``ratio`` within 10% of ``macs_ratio``).
 
-    python benchmarks/partialformer_speed.py [--batch-size 16] [--rounds 3] [--batches 2]
+On a GPU: ``--device cuda --dtype fp16 --batch-size 128`` (fairseq-generate's batch).
+
+    python benchmarks/partialformer_speed.py [--batch-size 16] [--rounds 3] [--batches 2] [--device cpu|cuda]
+        [--dtype fp32|fp16|bf16]
 """
 import argparse
 import json
-import time
 
 import torch
 from fairseq.sequence_generator import SequenceGenerator
@@ -25,6 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.cli.stats import param_counts
 from fairseq_widearch.model_builder import build_model
+from on_device import add_arguments, check, clock, describe, to
 
 TRANSFORMER_24_6_D360 = ["--encoder-layers", "24", "--encoder-embed-dim", "360", "--encoder-ffn-embed-dim", "1440",
                          "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before"]
@@ -46,13 +49,13 @@ def generator(model, args):
                              max_len_b=args.tgt_len, min_len=args.tgt_len)
 
 
-def decode(gen, batches) -> float:
+def decode(gen, batches, args) -> float:
     """Seconds to beam-search every batch."""
-    start = time.perf_counter()
+    start = clock(args)
     with torch.no_grad():
         for batch in batches:
             gen.generate(gen.model.models, batch)
-    return time.perf_counter() - start
+    return clock(args) - start
 
 
 def decode_macs(gen, batch) -> float:
@@ -72,16 +75,20 @@ def main(argv=None):
     p.add_argument("--beam", type=int, default=4, help="Table 12: beam 4 for En-De")
     p.add_argument("--src-len", type=int, default=20)
     p.add_argument("--tgt-len", type=int, default=20)
+    add_arguments(p)
     args = p.parse_args(argv)
+    check(p, args)
     torch.manual_seed(0)
-    gens = {name: generator(m, args) for name, m in models(args.vocab).items()}
-    batches = make_batches(args.batches, args.batch_size, args.src_len, args.vocab)
+    gens = {name: generator(to(m, args), args) for name, m in models(args.vocab).items()}
+    batches = to(make_batches(args.batches, args.batch_size, args.src_len, args.vocab), args)
     result = {name: {"params": param_counts(gen.model.models[0])["params"], "macs_per_sentence": decode_macs(gen, batches[0])}
               for name, gen in gens.items()}
+    for gen in gens.values():  # warm-up: first-call allocations (and CUDA's kernel loading) are not timed
+        decode(gen, batches[:1], args)
     seconds = dict.fromkeys(gens, 0.0)
     for r in range(args.rounds):
         for name in (list(gens) if r % 2 == 0 else list(reversed(gens))):  # alternate who goes first
-            seconds[name] += decode(gens[name], batches)
+            seconds[name] += decode(gens[name], batches, args)
     sentences = args.rounds * args.batches * args.batch_size
     for name, res in result.items():
         res["sentences_per_s"] = round(sentences / seconds[name], 2)
@@ -92,7 +99,7 @@ def main(argv=None):
     ratio = partial["sentences_per_s"] / transformer["sentences_per_s"]
     macs_ratio = transformer["macs_per_sentence"] / partial["macs_per_sentence"]
     print(f"speed ratio {ratio:.3f}, MACs ratio {macs_ratio:.3f}")
-    print(json.dumps({"threads": torch.get_num_threads(), "beam": args.beam, "batch_size": args.batch_size,
+    print(json.dumps({"threads": torch.get_num_threads(), **describe(args), "beam": args.beam, "batch_size": args.batch_size,
                       "rounds": args.rounds, **result, "ratio": round(ratio, 3), "macs_ratio": round(macs_ratio, 3),
                       "ratio_over_macs_ratio": round(ratio / macs_ratio, 3)}))
 

@@ -17,12 +17,14 @@ The last output line is one JSON object with ``export_speed_ratio`` (exported / 
 throughput, target >= 0.95) and ``train_step_ratio`` (scalable update / sum of the three separate
 updates, target <= 1.1), plus the other ratios.
 
-    python benchmarks/scalable_speed.py [--rounds 6] [--train-width 512] [--train-rounds 3]
+On a GPU: ``--device cuda --dtype fp16 --batch-size 128 --train-tokens 8000``.
+
+    python benchmarks/scalable_speed.py [--rounds 6] [--train-width 512] [--train-rounds 3] [--device cpu|cuda]
+        [--dtype fp32|fp16|bf16]
 """
 import argparse
 import json
 import statistics
-import time
 
 import torch
 
@@ -31,6 +33,7 @@ from fairseq_widearch.cli.export_subnet import build, export_model
 from fairseq_widearch.criterions.scalable_self_distillation import ScalableSelfDistillationCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary, parse_arch_args
 from fairseq_widearch.tasks.scalable_translation import ScalableTranslationConfig, ScalableTranslationTask
+from on_device import add_arguments, check, clock, describe, to
 from partialformer_speed import decode, generator, make_batches
 
 FAIRSEQ_512 = ["--encoder-embed-dim", "512", "--encoder-ffn-embed-dim", "2048", "--encoder-attention-heads", "8",
@@ -48,13 +51,13 @@ def exported(arch_argv, width, vocab):
 
 def race(models: dict, batches, args) -> dict:
     """Sentences per second of each model's beam search, alternating rounds."""
-    gens = {name: generator(model.eval(), args) for name, model in models.items()}
+    gens = {name: generator(to(model, args).eval(), args) for name, model in models.items()}
     for gen in gens.values():  # warm-up: first-call allocations are not timed
-        decode(gen, batches[:1])
+        decode(gen, batches[:1], args)
     seconds = dict.fromkeys(gens, 0.0)
     for r in range(args.rounds):
         for name in (list(gens) if r % 2 == 0 else list(reversed(gens))):
-            seconds[name] += decode(gens[name], batches)
+            seconds[name] += decode(gens[name], batches, args)
     return {name: args.rounds * len(batches) * args.batch_size / s for name, s in seconds.items()}
 
 
@@ -76,10 +79,10 @@ def train_batch(vocab, tokens, seed=0):
             "target": target, "ntokens": target.numel()}
 
 
-def timed(step) -> float:
-    start = time.perf_counter()
+def timed(step, args) -> float:
+    start = clock(args)
     step()
-    return time.perf_counter() - start
+    return clock(args) - start
 
 
 def train_ratio(args) -> dict:
@@ -88,12 +91,13 @@ def train_ratio(args) -> dict:
     d = dummy_dictionary(args.vocab)
     task = ScalableTranslationTask(ScalableTranslationConfig(seed=1, num_sub_transformers=2), d, d)
     criterion = ScalableSelfDistillationCriterion(task, False, 0.1, distill_stage=1)
-    scalable = build_model("scalable_transformer", argv, src_dict=d)
+    scalable = to(build_model("scalable_transformer", argv, src_dict=d), args)
     update_num = 0
     widths = [c for c, _ in task.sub_transformers(scalable, update_num)]
-    separate = {w: build_model("scalable_transformer", [*argv, "--exported-width", str(w)], src_dict=d) for w in widths}
+    separate = {w: to(build_model("scalable_transformer", [*argv, "--exported-width", str(w)], src_dict=d), args)
+                for w in widths}
     optimizers = {m: torch.optim.Adam(m.parameters(), lr=1e-4) for m in [scalable, *separate.values()]}
-    sample = train_batch(args.vocab, args.train_tokens)
+    sample = to(train_batch(args.vocab, args.train_tokens), args)
 
     def scalable_update():
         optimizers[scalable].zero_grad()
@@ -111,7 +115,7 @@ def train_ratio(args) -> dict:
     times = {"scalable": [], "separate": []}
     for r in range(args.train_rounds + 1):  # round 0 warms up
         for name, step in (("scalable", scalable_update), ("separate", separate_updates))[:: 1 if r % 2 else -1]:
-            seconds = timed(step)
+            seconds = timed(step, args)
             if r:
                 times[name].append(seconds)
     medians = {name: statistics.median(t) for name, t in times.items()}
@@ -133,9 +137,11 @@ def main(argv=None):
     p.add_argument("--train-width", type=int, default=512, help="(b) M_max of the trained model")
     p.add_argument("--train-tokens", type=int, default=2000, help="(b) target tokens per batch")
     p.add_argument("--train-rounds", type=int, default=3)
+    add_arguments(p)
     args = p.parse_args(argv)
+    check(p, args)
     torch.manual_seed(0)
-    batches = make_batches(args.batches, args.batch_size, args.src_len, args.vocab)
+    batches = to(make_batches(args.batches, args.batch_size, args.src_len, args.vocab), args)
     parent, sub, native = exported([], args.width, args.vocab)
     speeds = race({"exported": sub, "native": native, "parent_cropped": parent}, batches, args)
     del parent, sub, native
@@ -147,7 +153,7 @@ def main(argv=None):
     train = train_ratio(args)
     print(f"train update, widths {train['train_widths']}: scalable {train['scalable_update_s']} s, "
           f"separate {train['separate_updates_s']} s")
-    print(json.dumps({"threads": torch.get_num_threads(),
+    print(json.dumps({"threads": torch.get_num_threads(), **describe(args),
                       "export_speed_ratio": round(speeds["exported"] / speeds["native"], 3),
                       "parent_cropped_over_exported": round(speeds["parent_cropped"] / speeds["exported"], 3),
                       "io_cropping_export_over_fairseq_transformer":

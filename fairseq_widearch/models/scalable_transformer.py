@@ -432,9 +432,13 @@ class ScalableTransformerModel(WideTransformerModel):
 @register_model_architecture("scalable_transformer", "scalable_transformer")
 def scalable_transformer(args):
     """Base preset: the paper's widest model, M_max = 1024, 6 + 6 post-norm layers, 16 heads of 64,
-    FFN 4096, shared vocabulary with tied output embedding."""
-    set_defaults(args, **_SCALABLE_DEFAULTS, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096,
-                 encoder_attention_heads=16, decoder_attention_heads=16, share_all_embeddings=True)
+    FFN 4096, shared vocabulary with tied output embedding. Another ``--encoder-embed-dim`` (or an
+    exported width) brings its own FFN 4·D and D / 64 heads unless they are given."""
+    set_defaults(args, **_SCALABLE_DEFAULTS, encoder_embed_dim=1024, share_all_embeddings=True)
+    exported = getattr(args, "exported_width", None) and not getattr(args, "exported_layer_widths", None)
+    built = args.exported_width if exported else args.encoder_embed_dim
+    set_defaults(args, encoder_ffn_embed_dim=4 * built, encoder_attention_heads=built // HEAD_DIM,
+                 decoder_attention_heads=built // HEAD_DIM)
     base_architecture(args)
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fairseq_widearch.cli.stats import count_macs
-from fairseq_widearch.model_builder import build_model, dummy_dictionary
+from fairseq_widearch.model_builder import build_model, dummy_dictionary, parse_arch_args
 
 VOCAB = 40
 
@@ -134,10 +134,21 @@ def test_width_dependent_dropout_follows_the_sample_config():
 
 
 def test_paper_presets_register_their_dropout_tables():
-    from fairseq_widearch.model_builder import parse_arch_args
     from fairseq_widearch.models.scalable_transformer import width_dropout
     en_de = parse_arch_args("scalable_transformer_wmt_en_de")
     assert [width_dropout(en_de, w) for w in (256, 384, 448, 640, 704, 896, 1024)] == [0, 0, 0.1, 0.1, 0.2, 0.3, 0.3]
     en_fr = parse_arch_args("scalable_transformer_wmt_en_fr")
     assert [width_dropout(en_fr, w) for w in (576, 640)] == [0, 0.1]
     assert parse_arch_args("scalable_transformer_type2_wmt_en_de").sub_transformer_type == "type2"
+
+
+@pytest.mark.parametrize("argv,built", [(["--encoder-embed-dim", "512"], 512),
+                                        (["--encoder-embed-dim", "512", "--exported-width", "128"], 128)])
+def test_another_width_brings_its_own_ffn_and_heads(argv, built):
+    """The base preset's FFN 4096 and 16 heads are M_max 1024's: at another M_max (or an exported
+    width) the flags the validation asks to leave out must indeed follow from the width."""
+    args = parse_arch_args("scalable_transformer", argv)
+    for side in ("encoder", "decoder"):
+        assert getattr(args, f"{side}_ffn_embed_dim") == 4 * built
+        assert getattr(args, f"{side}_attention_heads") == built // 64
+    build_model("scalable_transformer", argv, vocab_size=100)
