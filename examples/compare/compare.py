@@ -25,7 +25,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -34,7 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import fairseq_widearch  # noqa: F401  (registers the architectures, allows loading their checkpoints)
 from fairseq_widearch.cli.plotting import pyplot
-from fairseq_widearch.cli.stats import count_macs, param_counts, sub_transformer_param_counts
+from fairseq_widearch.cli.stats import count_macs, matmul_peak_flops, param_counts, sub_transformer_param_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "multi30k"))
@@ -74,19 +73,6 @@ SCALABLE_WIDTHS = (64, 128, 192)
 #: fresh Adam warming up from half the peak learning rate. Stage 3 is left out: decoding the
 #: training set would cost more than the budget.
 SCALABLE_STAGE1_SHARE = 0.6
-
-
-def matmul_peak_flops(n: int = 2048, repeats: int = 10) -> float:
-    """This machine's fp32 matmul peak in FLOP/s: the best of ``repeats`` timed ``n × n`` products."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best
 
 
 _EPOCH = re.compile(r"\| train \| epoch \d+ \|.*")
@@ -263,7 +249,7 @@ def main(argv=None):
     results = args.work_dir / "results.jsonl"
     rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
     done = {r["system"].split(" ")[0] for r in rows}
-    peak = matmul_peak_flops()
+    peak = matmul_peak_flops()  # fp32, this CPU
     print(f"| fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s", flush=True)
     for name in args.systems.split(","):
         if name in done:

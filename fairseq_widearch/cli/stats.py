@@ -21,6 +21,7 @@ import argparse
 import json
 import re
 import sys
+import time
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -60,6 +61,26 @@ def _measured_macs(run) -> int:
 def _sentence_pair(model, src_len: int, tgt_len: int):
     vocab, nspecial = len(model.decoder.dictionary), model.decoder.dictionary.nspecial
     return torch.randint(nspecial, vocab, (1, src_len)), torch.randint(nspecial, vocab, (1, tgt_len))
+
+
+def matmul_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, n: int = 2048,
+                      repeats: int = 10) -> float:
+    """The device's matmul peak in FLOP/s for ``dtype``: the best of ``repeats`` timed ``n × n``
+    products of random matrices (after 3 untimed ones), the clock read once the device is done."""
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+
+    def seconds():
+        if device != "cpu":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if device != "cpu":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    for _ in range(3):
+        seconds()
+    return 2 * n ** 3 / min(seconds() for _ in range(repeats))
 
 
 def count_macs(model, src_len: int = 20, tgt_len: int = 20) -> int:

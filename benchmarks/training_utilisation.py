@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""Training model-FLOPs utilisation (MFU) of each architecture against the stock Transformer's at
+equal FLOPs.
+
+Each system is an architecture's paper-size preset. Its stock twin is fairseq's pre-norm
+Transformer of the same width (d, FFN 4·d, heads) and decoder depth, given the number of encoder layers
+whose training FLOPs per batch come closest to the system's (FLOPs grow linearly with the encoder
+depth: measured at 1 and 2 layers). System and twin train on the same random batches (forward,
+cross-entropy, backward, Adam), alternating rounds in one process. MFU = training FLOPs per step
+(matmuls of forward and backward, counted by ``torch.utils.flop_counter`` on one step; a routed or
+gated model counts what it computes) × steps per second / the device's matmul peak in the same
+dtype (``fairseq_widearch.cli.stats.matmul_peak_flops``). A scalable model trains as its widest
+sub-Transformer. The last line is one JSON object; each system's ``ratio`` = its MFU / its twin's
+(1.0: the design keeps the device as busy as the Transformer does).
+
+    python benchmarks/training_utilisation.py --device cuda --dtype fp16     # paper sizes, on a GPU
+    python benchmarks/training_utilisation.py --systems multipath_transformer_tiny --vocab 1000 --batch-size 8
+"""
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import fairseq_widearch  # noqa: F401  (registers the plugin)
+from fairseq_widearch.cli.stats import matmul_peak_flops, param_counts
+from fairseq_widearch.model_builder import build_model, parse_arch_args
+from multipath_throughput import make_batches
+from on_device import DTYPES, add_arguments, check, clock, describe, to
+
+SYSTEMS = ("multipath_transformer_6l_4p", "widenet_wmt_en_de", "scalable_transformer_wmt_en_de",
+           "latent_depth_transformer_lld_12_24", "partialformer_24_6_d360_h30_16")
+
+
+def stock_flags(system: str, encoder_layers: int) -> list:
+    """The stock pre-norm Transformer of ``system``'s width d (FFN 4·d, the system's heads) and
+    decoder depth (PartialFormer's own FFN flag does not describe its PG-FFN)."""
+    a = parse_arch_args(system)
+    return ["--encoder-embed-dim", str(a.encoder_embed_dim), "--encoder-ffn-embed-dim", str(4 * a.encoder_embed_dim),
+            "--encoder-attention-heads", str(a.encoder_attention_heads), "--decoder-layers", str(a.decoder_layers),
+            "--decoder-attention-heads", str(a.decoder_attention_heads), "--encoder-layers", str(encoder_layers),
+            "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before"]
+
+
+def loss_of(model, batch):
+    src, lengths, prev, target = batch
+    logits, extra = model(src, lengths, prev)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten())
+    return loss + sum(aux.float().sum() for aux in extra.get("moe_balance_loss", []))
+
+
+def step_flops(model, batch) -> float:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss_of(model, batch).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def train_seconds(model, optimizer, batches, args) -> float:
+    start = clock(args)
+    for batch in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss_of(model, batch).backward()
+        optimizer.step()
+    return clock(args) - start
+
+
+def twin_layers(system: str, flops: float, batch, args) -> int:
+    """Encoder layers of the stock twin whose training FLOPs per step come closest to ``flops``."""
+    one, two = (step_flops(to(build_model("transformer", stock_flags(system, n), vocab_size=args.vocab), args).train(),
+                           batch) for n in (1, 2))
+    return max(1, round((flops - one) / (two - one)) + 1)
+
+
+def compare(system: str, batches, peak: float, args) -> dict:
+    """MFU of ``system`` and of its stock twin, trained alternately."""
+    model = to(build_model(system, vocab_size=args.vocab), args).train()
+    flops = step_flops(model, batches[0])
+    layers = twin_layers(system, flops, batches[0], args)
+    models = {system: model,
+              "transformer": to(build_model("transformer", stock_flags(system, layers), vocab_size=args.vocab), args)}
+    result = {name: {"params": param_counts(m)["params"], "train_gflops_per_step": step_flops(m.train(), batches[0]) / 1e9}
+              for name, m in models.items()}
+    result["transformer"]["encoder_layers"] = layers
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in models.items()}
+    for name, m in models.items():  # warm-up: allocations, kernel loading and selection
+        train_seconds(m, optimizers[name], batches[:1], args)
+    seconds = dict.fromkeys(models, 0.0)
+    for r in range(args.rounds):
+        for name in (list(models) if r % 2 == 0 else list(reversed(models))):
+            seconds[name] += train_seconds(models[name], optimizers[name], batches, args)
+    steps = args.rounds * len(batches)
+    for name, res in result.items():
+        res["steps_per_s"] = round(steps / seconds[name], 3)
+        res["mfu"] = round(res["train_gflops_per_step"] * 1e9 * res["steps_per_s"] / peak, 4)
+        res["train_gflops_per_step"] = round(res["train_gflops_per_step"], 2)
+    return {**result, "ratio": round(result[system]["mfu"] / result["transformer"]["mfu"], 3)}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated arch presets")
+    p.add_argument("--vocab", type=int, default=32000, help="joined vocabulary (WMT-sized BPE)")
+    p.add_argument("--batch-size", type=int, default=128, help="sentences per batch")
+    p.add_argument("--src-len", type=int, default=30)
+    p.add_argument("--tgt-len", type=int, default=30)
+    p.add_argument("--steps", type=int, default=5, help="updates per model per round")
+    p.add_argument("--rounds", type=int, default=4, help="alternating rounds")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    check(p, args)
+    torch.manual_seed(0)
+    peak = matmul_peak_flops(args.device, DTYPES[args.dtype], n=8192 if args.device == "cuda" else 2048)
+    batches = to(make_batches(args.steps, args.batch_size, args.src_len, args.tgt_len, args.vocab), args)
+    results = {}
+    for system in args.systems.split(","):
+        results[system] = res = compare(system, batches, peak, args)
+        twin = res["transformer"]
+        print(f"{system:>36}: MFU {res[system]['mfu']:.3f} ({res[system]['train_gflops_per_step']} GFLOP/step)  "
+              f"stock {twin['encoder_layers']}-layer encoder: MFU {twin['mfu']:.3f} "
+              f"({twin['train_gflops_per_step']} GFLOP/step)  ratio {res['ratio']}")
+    print(json.dumps({**describe(args), "matmul_peak_tflops": round(peak / 1e12, 2), "batch_size": args.batch_size,
+                      "src_len": args.src_len, "tgt_len": args.tgt_len, **results}))
+
+
+if __name__ == "__main__":
+    main()
