@@ -93,7 +93,8 @@ class ScalableSelfDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
         ``teacher`` ``(N, V)`` probabilities (or None), and this model's ``(N, V)`` log-probabilities."""
         lprobs, target = self.get_lprobs_and_target(model, model(**sample["net_input"]), sample)
         loss, nll_loss = label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx)
-        distill = None if teacher is None else -(teacher * lprobs).sum(-1)[target.ne(self.padding_idx)].sum()
+        # padding masked by a product, not by indexing: a boolean index waits for the GPU
+        distill = None if teacher is None else -((teacher * lprobs).sum(-1) * target.ne(self.padding_idx)).sum()
         return loss, nll_loss, distill, lprobs
 
     def widest_loss(self, model, sample, update_num: int):
