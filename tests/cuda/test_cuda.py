@@ -30,7 +30,10 @@ from score import corpus_bleu, generate  # noqa: E402  (the quick start's decodi
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-UPDATES = 300
+#: Enough for a tiny model to translate: multipath_transformer_tiny at these settings, fp32 on the
+#: CPU, scored 14.4 BLEU on test_2016 (beam 5) after 600 updates; at 300 updates and lr 0.002 its
+#: loss was still 8 bits, too early for decoding to tell fp16 from fp32.
+UPDATES = 600
 LOG_INTERVAL = 25
 PRECISIONS = {"fp16": ["--fp16"], "memory_efficient_fp16": ["--memory-efficient-fp16"], "amp": ["--amp"]}
 SCALABLE_TASK = ["--task", "scalable_translation", "--criterion", "scalable_self_distillation", "--distill-stage", "2"]
@@ -39,7 +42,7 @@ CASES = {arch: SCALABLE_TASK if arch.startswith("scalable") else [] for arch in 
 #: The archs, each test of one arch in one pytest-xdist group (``-n N --dist loadgroup``), so that
 #: its decoding test reuses its fp16 training.
 ARCHS = [pytest.param(arch, marks=pytest.mark.xdist_group(arch)) for arch in TINY_ARCHS]
-TRAIN_FLAGS = ["--num-workers", "0", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.002",
+TRAIN_FLAGS = ["--num-workers", "0", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.005",
                "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--max-tokens", "4096",
                "--label-smoothing", "0.1", "--seed", "1", "--max-update", str(UPDATES), "--log-format", "json",
                "--log-interval", str(LOG_INTERVAL), "--no-epoch-checkpoints", "--disable-validation"]
@@ -116,7 +119,7 @@ def test_fp16_decoding_scores_as_fp32_decoding(arch, trained, quickstart_data, t
                  cpu=False)
         bleu[name] = corpus_bleu(out, quickstart_data / "test.ref.de")[0].score
     report(test="decoding", arch=arch, bleu_fp32=bleu["fp32"], bleu_fp16=bleu["fp16"])
-    assert bleu["fp32"] > 1.0, bleu  # a model that learned something: equal zeros would prove nothing
+    assert bleu["fp32"] > 5.0, bleu  # a model that translates: equal near-zero scores would prove nothing
     assert abs(bleu["fp16"] - bleu["fp32"]) <= BLEU_TOLERANCE, bleu
 
 
