@@ -9,13 +9,18 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
   balance loss, latent depth's KL and target depth) trained with a criterion that drops them.
 * :func:`resume_patience`: a resumed ``fairseq-train --patience N`` forgets how many validations
   had not improved, and takes its first validation after resuming as the best.
+* :func:`amp_loss_scaler_flags`: ``--amp`` starts its loss scale at ``--fp16-init-scale`` instead
+  of ``--amp-init-scale``, and ``--amp-scale-window W`` grows the scale every
+  ``--amp-init-scale`` updates instead of every W.
 """
 import functools
 from typing import Optional
 
 import numpy as np
+import torch
 from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.data import data_utils
+from fairseq.optim.amp_optimizer import AMPOptimizer
 from fairseq.trainer import Trainer
 
 
@@ -123,3 +128,28 @@ def resume_patience():
 
     save_checkpoint.keeps_patience = True
     Trainer.save_checkpoint, Trainer.load_checkpoint = save_checkpoint, load_checkpoint
+
+
+def amp_loss_scaler_flags():
+    """Build ``--amp``'s loss scaler from the AMP flags.
+
+    fairseq's ``AMPOptimizer`` gives ``torch.cuda.amp.GradScaler`` ``--fp16-init-scale`` as its
+    initial scale, and, when ``--amp-scale-window W`` is set, ``--amp-init-scale`` as its growth
+    interval: ``--amp-init-scale`` is never the initial scale, and the window is never W (128
+    updates with the defaults, whatever W). This rebuilds the scaler with ``--amp-init-scale`` and,
+    when set, ``--amp-scale-window`` (else torch's default interval, 2,000, as before). Both flags
+    at their defaults give the scaler fairseq built. Idempotent.
+    """
+    init = AMPOptimizer.__init__
+    if getattr(init, "uses_amp_flags", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self, cfg, params, fp32_optimizer, **kwargs):
+        init(self, cfg, params, fp32_optimizer, **kwargs)
+        window = getattr(cfg.common, "amp_scale_window", None)
+        self._grad_scaler = torch.cuda.amp.GradScaler(init_scale=cfg.common.amp_init_scale,
+                                                      **({"growth_interval": window} if window is not None else {}))
+
+    __init__.uses_amp_flags = True
+    AMPOptimizer.__init__ = __init__

@@ -105,3 +105,23 @@ def test_a_resumed_run_keeps_its_patience(multi30k_bin, tmp_path):
     # Interrupted after epoch 2 and resumed: it must stop after epoch 3 too (stock fairseq: 5).
     assert epochs_trained(multi30k_bin, tmp_path / "resumed", 2) == [1, 2]
     assert epochs_trained(multi30k_bin, tmp_path / "resumed", 10) == [3]
+
+
+class RecordedScaler:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+@pytest.mark.parametrize("amp_init_scale,window,expected", [
+    (4.0, 50, {"init_scale": 4.0, "growth_interval": 50}),
+    (128.0, None, {"init_scale": 128.0}),  # no window: torch's default growth interval
+])
+def test_amp_loss_scaler_obeys_the_amp_flags(amp_init_scale, window, expected, monkeypatch):
+    """fairseq built it from --fp16-init-scale, and grew it every --amp-init-scale updates when
+    --amp-scale-window was set."""
+    from fairseq.optim.amp_optimizer import AMPOptimizer
+    monkeypatch.setattr(torch.cuda.amp, "GradScaler", RecordedScaler)
+    common = Namespace(fp16_init_scale=64.0, amp_init_scale=amp_init_scale, amp_scale_window=window,
+                       min_loss_scale=1e-4)
+    optimizer = AMPOptimizer(Namespace(optimizer=Namespace(), common=common), [], None)
+    assert optimizer._grad_scaler.kwargs == expected
