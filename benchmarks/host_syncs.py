@@ -19,10 +19,10 @@ import warnings
 from collections import Counter
 
 import torch
-import torch.nn.functional as F
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.model_builder import build_model
+from on_device import training_loss
 
 PAD = 1  # fairseq's padding index
 SYSTEMS = {
@@ -40,14 +40,10 @@ SYSTEMS = {
 
 
 def step(model, batch, widths):
-    src, lengths, prev, target = batch
     for width in widths or [None]:  # one pass per width
         if width:
             model.set_sample_config(width)
-        logits, extra = model(src, lengths, prev)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), ignore_index=PAD)
-        loss = loss + sum(aux.sum() for aux in extra.get("moe_balance_loss", []))
-        loss.backward()
+        training_loss(model, batch, PAD).backward()
 
 
 def site(warning) -> str:

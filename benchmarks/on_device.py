@@ -3,6 +3,7 @@ waits for the device before it reads the time (CUDA kernels run asynchronously t
 import time
 
 import torch
+import torch.nn.functional as F
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -29,6 +30,15 @@ def to(obj, args):
     if isinstance(obj, torch.nn.Module) or (isinstance(obj, torch.Tensor) and obj.is_floating_point()):
         return obj.to(device=args.device, dtype=DTYPES[args.dtype])
     return obj.to(args.device) if isinstance(obj, torch.Tensor) else obj
+
+
+def training_loss(model, batch, pad: int = 1):
+    """Cross-entropy of ``model`` on ``batch`` = (src, src_lengths, prev_output_tokens, target),
+    padding (fairseq's index 1) ignored, plus the model's auxiliary balance losses in ``extra``."""
+    src, lengths, prev, target = batch
+    logits, extra = model(src, lengths, prev)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), ignore_index=pad)
+    return loss + sum(aux.float().sum() for aux in extra.get("moe_balance_loss", []))
 
 
 def clock(args) -> float:

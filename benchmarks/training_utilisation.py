@@ -20,14 +20,13 @@ import argparse
 import json
 
 import torch
-import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.cli.stats import matmul_peak_flops, param_counts
 from fairseq_widearch.model_builder import build_model, parse_arch_args
 from multipath_throughput import make_batches
-from on_device import DTYPES, add_arguments, check, clock, describe, to
+from on_device import DTYPES, add_arguments, check, clock, describe, to, training_loss
 
 SYSTEMS = ("multipath_transformer_6l_4p", "widenet_wmt_en_de", "scalable_transformer_wmt_en_de",
            "latent_depth_transformer_lld_12_24", "partialformer_24_6_d360_h30_16")
@@ -43,17 +42,10 @@ def stock_flags(system: str, encoder_layers: int) -> list:
             "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before"]
 
 
-def loss_of(model, batch):
-    src, lengths, prev, target = batch
-    logits, extra = model(src, lengths, prev)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten())
-    return loss + sum(aux.float().sum() for aux in extra.get("moe_balance_loss", []))
-
-
 def step_flops(model, batch) -> float:
     counter = FlopCounterMode(display=False)
     with counter:
-        loss_of(model, batch).backward()
+        training_loss(model, batch).backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
@@ -62,7 +54,7 @@ def train_seconds(model, optimizer, batches, args) -> float:
     start = clock(args)
     for batch in batches:
         optimizer.zero_grad(set_to_none=True)
-        loss_of(model, batch).backward()
+        training_loss(model, batch).backward()
         optimizer.step()
     return clock(args) - start
 
