@@ -143,7 +143,7 @@ def validation_log(save, losses):
         f"| ppl 6.5 | num_updates {132 * e} | best_loss {loss}\n" for e, loss in enumerate(losses, 1)))
 
 
-def test_progress_says_where_every_run_stands_from_its_logs(tmp_path):
+def test_progress_says_where_every_run_stands_from_its_logs_or_its_row(tmp_path):
     claims = [study.CLAIMS["partialformer"], study.CLAIMS["tiny_scalable"]]
     partialformer, transformer = claims[0].systems
     validation_log(study.run_dir(tmp_path, claims[0], partialformer, 1), [5.1, 4.6, 4.7])
@@ -153,17 +153,21 @@ def test_progress_says_where_every_run_stands_from_its_logs(tmp_path):
     validation_log(scalable / "stage2", [4.9])
     (scalable / "stage2" / "training.json").write_text("{}")
     validation_log(scalable / "stage3", [])  # started, no epoch validated yet
+    # scored on another machine; the log here is of an abandoned try of the same run
+    validation_log(study.run_dir(tmp_path, claims[0], transformer, 1), [5.3, 4.9])
     results = study.Results(tmp_path / "results.jsonl")
-    results.add([{"claim": "multipath", "system": "shallow 3 x 1", "seed": 1, "bleu": 30.0}])
+    results.add([{"claim": "multipath", "system": "shallow 3 x 1", "seed": 1, "bleu": 30.0, "valid_loss": 4.25},
+                 {"claim": "partialformer", "system": "Transformer 4 + 4", "seed": 1, "bleu": 31.0,
+                  "valid_loss": 4.2}])
     lines = study.progress(tmp_path, results, [*claims, study.CLAIMS["widenet"]]).splitlines()[2:]
     assert lines[:3] == ["| partialformer | PartialFormer | 1 | in progress, epochs 1-3 | 4.600 (2) |",
-                         "| partialformer | Transformer 4 + 4 | 1 | not started |  |",
+                         "| partialformer | Transformer 4 + 4 | 1 | scored | 4.200 (averaged) |",
                          "| tiny_scalable | scalable_tiny | 1 | stage 1 trained, epochs 1-2; stage 2 trained, "
                          "epochs 1-1; stage 3 in progress, epoch 1 | stage 2 4.900 (1) |"]
     # the reference WideNet shares with multi-path, scored there, is not a run still to train
     assert lines[3:] == [f"| widenet | {name} | 1 | not started |  |"
                          for name in ("WideNet", "shared dense FFN", "shared LayerNorms")] + [
-        "| widenet | unshared Transformer | 1 | scored as multipath: shallow 3 x 1 |  |"]
+        "| widenet | unshared Transformer | 1 | scored as multipath: shallow 3 x 1 | 4.250 (averaged) |"]
 
 
 def test_the_figure_draws_each_systems_curve_from_its_first_seed_that_recorded_one():

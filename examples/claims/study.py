@@ -356,6 +356,13 @@ class Results:
         found = {(r["claim"], r["system"], r["seed"]) for r in self.rows}
         return all((claim.name, name, seed) in found for name in names)
 
+    def rows_of(self, claim: Claim, system: System, seed: int) -> List[dict]:
+        """The run's rows (one per width, the widest last, for a scalable model), [] before it is scored."""
+        if not self.done(claim, system, seed):
+            return []
+        return [r for r in self.rows if r["claim"] == claim.name and r["seed"] == seed
+                and system_and_width(r["system"], claim)[0] == system.name]
+
     def twin(self, claim: Claim, system: System, seed: int) -> List[dict]:
         """The rows of the same training (flags, seed) recorded under another claim, renamed for
         this one: a system two claims share (the stock 3 + 3 Transformer is multi-path's shallow
@@ -364,9 +371,7 @@ class Results:
             for same in other.systems:
                 if other is not claim and training(same) == training(system) and self.done(other, same, seed):
                     return [{**r, "claim": claim.name, "system": system.name + r["system"][len(same.name):],
-                             "same_run_as": f"{other.name}: {r['system']}"} for r in self.rows
-                            if r["claim"] == other.name and r["seed"] == seed
-                            and system_and_width(r["system"], other)[0] == same.name]
+                             "same_run_as": f"{other.name}: {r['system']}"} for r in self.rows_of(other, same, seed)]
         return []
 
     def add(self, rows: List[dict]):
@@ -448,8 +453,9 @@ def table(rows: List[dict], claim: Claim) -> str:
 
 def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
     """Markdown: where every run of ``claims`` stands (scored, here or as the system another claim
-    shares; trained; the epoch reached; not started) and its best validation loss so far, read from
-    the runs' logs; trains nothing."""
+    shares; trained; the epoch reached; not started) and its validation loss: a scored run's, on
+    its averaged checkpoint, from its row; the best so far of any other, read from its logs.
+    Trains nothing."""
     lines = ["| claim | system | seed | state | best valid loss (epoch) |", "|---|---|---|---|---|"]
     for claim in claims:
         for seed in SEEDS:
@@ -472,6 +478,9 @@ def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
                 twin = results.twin(claim, system, seed)
                 state = ("scored" if results.done(claim, system, seed) else f"scored as {twin[0]['same_run_as']}"
                          if twin else "; ".join(states) or "not started")
+                # a scored run's own figure: the logs here may be another device's try of it
+                scored = results.rows_of(claim, system, seed) or twin
+                best = f"{scored[-1]['valid_loss']:.3f} (averaged)" if scored else best
                 lines.append(f"| {claim.name} | {system.name} | {seed} | {state} | {best} |")
     return "\n".join(lines)
 
