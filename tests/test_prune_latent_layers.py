@@ -38,12 +38,22 @@ def test_pruned_model_decodes_without_the_plugin_like_hard_selection(latent_chec
     pruned = tmp_path / "pruned.pt"
     proc = prune(latent_checkpoint, pruned)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "decoder layers [0, 2]" in proc.stdout
+    assert "decoder layers [0, 2]" in proc.stdout and "warning" not in proc.stderr  # q = 0.95 / 0.05
     assert torch.serialization.get_unsafe_globals_in_checkpoint(str(pruned)) == []
     plain = hypotheses(multi30k_bin, pruned)  # stock fairseq, no --user-dir
     latent = hypotheses(multi30k_bin, latent_checkpoint, "--user-dir", REPO / "fairseq_widearch",
                         "--model-overrides", "{'latent_inference': 'hard'}")
     assert len(plain) > 100 and plain == latent  # one eighth of the valid set
+
+
+def test_warns_when_pruning_a_posterior_that_is_not_near_discrete(latent_checkpoint, tmp_path):
+    state = torch.load(latent_checkpoint)
+    state["model"]["decoder.layer_select.logits"][0] = torch.tensor([3.0, -3.0, 0.3])  # q = 0.574: undecided
+    torch.save(state, tmp_path / "undecided.pt")
+    proc = prune(tmp_path / "undecided.pt", tmp_path / "pruned.pt")
+    assert proc.returncode == 0 and "decoder layers [0, 2]" in proc.stdout
+    assert "warning" in proc.stderr and "decoder: hard latent layer selection" in proc.stderr
+    assert "1 of 3 q(z = 1)" in proc.stderr and "encoder" not in proc.stderr
 
 
 def test_clear_errors(latent_checkpoint, multi30k_bin, tmp_path):

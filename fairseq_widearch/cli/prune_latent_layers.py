@@ -24,6 +24,7 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
 from fairseq_widearch.checkpoint_loading import save_derived_checkpoint
+from fairseq_widearch.modules.layer_select import undecided_warning
 
 STACKS = ("encoder", "decoder")
 
@@ -48,6 +49,15 @@ def posterior_index(checkpoint: str, model_args, lang_pair) -> int:
         sys.exit(f"error: {checkpoint} has one posterior per language pair; choose one of {pairs} with --lang-pair"
                  + (f" (got {lang_pair!r})" if lang_pair else ""))
     return pairs.index(lang_pair)
+
+
+def warn_if_undecided(checkpoint: str, state_dict, stack: str, posterior: int):
+    """Print a warning to stderr when ``stack``'s posterior is not near-discrete (pruning it cuts
+    layers by chance); nothing for a static stack."""
+    logits = state_dict.get(f"{stack}.layer_select.logits")
+    message = None if logits is None else undecided_warning(torch.sigmoid(logits[posterior:posterior + 1].float()))
+    if message:
+        print(f"warning: {checkpoint}: {stack}: {message}", file=sys.stderr)
 
 
 def prune_state_dict(state_dict, kept):
@@ -76,6 +86,7 @@ def prune(checkpoint: str, out: str, threshold: float = 0.5, lang_pair: str = No
     for stack, layers in kept.items():
         if not layers:
             sys.exit(f"error: {checkpoint}: no {stack} layer has q(z = 1) > {threshold}; lower --threshold")
+        warn_if_undecided(checkpoint, state["model"], stack, posterior)
     args = Namespace(**vars(model_args))
     for name in list(vars(args)):
         if name.startswith("latent_") or name.endswith("_latent_layer"):

@@ -31,6 +31,21 @@ def test_inference_is_deterministic_soft_or_hard():
     assert select().tolist() == [[1.0, 0.0, 1.0]]
 
 
+def test_hard_selection_warns_once_when_the_posterior_is_not_near_discrete(caplog):
+    """The paper prunes once q is near-discrete; a layer at q = 0.57 is kept by chance, and the
+    user is told so (once: the check is a host sync)."""
+    decided, undecided = LayerSelect(3, inference="hard").eval(), LayerSelect(3, inference="hard").eval()
+    with torch.no_grad():
+        decided.logits[0] = torch.tensor([3.0, -3.0, 4.0])  # q = 0.95, 0.05, 0.98
+        undecided.logits[0] = torch.tensor([3.0, -3.0, 0.3])  # q = 0.95, 0.05, 0.57
+    with caplog.at_level("WARNING", logger="fairseq_widearch.modules.layer_select"):
+        assert decided().tolist() == [[1.0, 0.0, 1.0]]
+        assert not caplog.records
+        assert undecided().tolist() == undecided().tolist() == [[1.0, 0.0, 1.0]]
+    assert len(caplog.records) == 1
+    assert "1 of 3 q(z = 1) lie in (0.1, 0.9)" in caplog.text and "0.574" in caplog.text
+
+
 def test_straight_through_hard_samples_after_soft_updates():
     torch.manual_seed(0)
     select = LayerSelect(4, soft_updates=10).train()
