@@ -45,7 +45,8 @@ def expected_relaxed_sample(logits: Tensor, temperature: float) -> Tensor:
 
 def undecided_warning(probs: Tensor, margin: float = NEAR_DISCRETE_MARGIN) -> Optional[str]:
     """The warning to give before hard selection on ``probs`` q(z = 1) ``(P, L)`` when some q lies
-    farther than ``margin`` from both 0 and 1, else None. Such a layer's keep-or-drop is decided by
+    farther than ``margin`` from both 0 and 1, else None; raises nothing. The paper prunes once q is
+    near-discrete (Li et al. 2020, Sec. 3, with Eq. 5). Such a layer's keep-or-drop is decided by
     noise, not by the posterior: in the latent-depth claim (docs/claims.md) the 12 decoder
     probabilities were 0.48-0.65 after 4,356 updates, and hard selection cost 0.08 in validation
     loss against the soft weights."""
