@@ -222,3 +222,19 @@ def test_a_latent_depth_row_names_the_layers_hard_selection_keeps(multi30k_bin, 
     torch.save(state, checkpoint)
     assert study.latent_kept(checkpoint) == {"latent_kept": {"encoder.layer_select": [1],
                                                              "decoder.layer_select": [0, 2]}}
+
+
+def test_a_row_scored_under_another_decoding_is_not_done_and_its_rescoring_replaces_it(tmp_path):
+    """Issue 32: the LL-D rows were decoded with hard selection, a depth training never sampled;
+    the study now decodes with the soft weights, so those rows are run again, and replaced."""
+    claim = study.CLAIMS["latent_depth"]
+    latent = claim.systems[0]
+    assert latent.evaluate == {"latent_inference": "soft"}
+    row = {"claim": claim.name, "system": latent.name, "seed": 1, "bleu": 37.0}
+    results = study.Results(tmp_path / "claims.jsonl")
+    results.add([{**row, "evaluate": {"latent_inference": "hard"}}])
+    assert not results.done(claim, latent, 1)
+    results.add([{**row, "bleu": 38.0, "evaluate": {"latent_inference": "soft"}}])
+    assert results.done(claim, latent, 1)
+    kept = study.Results(tmp_path / "claims.jsonl").rows
+    assert [r["bleu"] for r in kept] == [38.0]

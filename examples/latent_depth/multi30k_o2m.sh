@@ -2,52 +2,81 @@
 # Multilingual latent depth on Multi30k one-to-many (en->de, en->fr, en->cs) on CPU: one layer-selection
 # posterior per language pair, aggregated-posterior prior (Li et al. 2020, Eq. 7), target depth K.
 #
-#   bash examples/latent_depth/multi30k_o2m.sh [--impl ours|anchor] [--minutes M] [--work-dir DIR]
+#   bash examples/latent_depth/multi30k_o2m.sh [--impl ours|anchor] [--objective ours|anchor] [--seed S]
+#        [--max-update N] [--minutes M] [--decode MODE,...] [--work-dir DIR] [--data-dir DIR]
 #
 # --impl ours   (default) latent_depth_transformer_multi30k on fairseq's translation_multi_simple_epoch;
 # --impl anchor fairseq's own examples/latent_depth (task multilingual_translation_latent_depth) with
 #               the same body (d 128, FFN 512, 4 heads, 3 static encoder + 6 latent decoder layers,
 #               pre-norm, shared embeddings), the same optimiser, seed, tokens per update and budget.
-# Trains for M minutes (default 15), decodes test_2016 of every pair (beam 5), prints sacreBLEU per
-# pair. Language pairs are identified by --encoder-langtok tgt. Ours also keeps a checkpoint every
+# --objective   ours: our Eq. 8 (default); anchor: the released code's objective term for term
+#               (--latent-objective anchor). --impl anchor always trains under its own.
+# Trains N updates (default 2000; --minutes M stops earlier, and says so), resuming from the run's
+# checkpoint_last.pt, then decodes test_2016 of every pair (beam 5) once per --decode mode and prints
+# one sacreBLEU line per pair and mode. Modes: ours soft (default), sampled, hard (--latent-inference);
+# anchor sampled (default: a fresh layer subset at every decoder step, its only mode) or all (every
+# layer on). Language pairs are identified by --encoder-langtok tgt. Ours keeps a checkpoint every
 # 100 updates for python -m fairseq_widearch.cli.plot_layer_utilization.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 IMPL=ours
-MINUTES=15
+OBJECTIVE=ours
+SEED=1
+MAX_UPDATE=2000
+MINUTES=0
+DECODE=""
+DATA_DIR="${MULTI30K_DIR:-}"
 WORK="$ROOT/runs/multi30k_o2m"
 VENV="${VENV:-$ROOT/.venv}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --impl) IMPL="$2"; shift 2 ;;
+    --objective) OBJECTIVE="$2"; shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
+    --max-update) MAX_UPDATE="$2"; shift 2 ;;
     --minutes) MINUTES="$2"; shift 2 ;;
+    --decode) DECODE="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --data-dir) DATA_DIR="$2"; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
+done
+case "$IMPL/$OBJECTIVE" in
+  ours/ours|ours/anchor) NAME="ours-objective_$OBJECTIVE-seed$SEED"; DECODE="${DECODE:-soft}"; MODES="soft sampled hard" ;;
+  anchor/*) NAME="anchor-seed$SEED"; DECODE="${DECODE:-sampled}"; MODES="sampled all" ;;
+  *) echo "error: --impl must be ours or anchor and --objective ours or anchor, got $IMPL / $OBJECTIVE" >&2; exit 2 ;;
+esac
+for MODE in ${DECODE//,/ }; do
+  if [[ " $MODES " != *" $MODE "* ]]; then
+    echo "error: --decode $MODE: --impl $IMPL decodes with one of: $MODES" >&2; exit 2
+  fi
 done
 
 source "$ROOT/examples/multi30k/setup.sh" --tgt de,fr,cs
 
 PAIRS=(--lang-pairs en-de,en-fr,en-cs --encoder-langtok tgt --decoder-langtok)
-COMMON=(--cpu --num-workers 0 --seed 1 --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.003
+COMMON=(--cpu --num-workers 0 --seed "$SEED" --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.003
         --lr-scheduler inverse_sqrt --warmup-updates 300 --label-smoothing 0.1 --dropout 0.1
-        --stop-time-hours "$("$PY" -c "print($MINUTES / 60)")" --max-epoch 100 --disable-validation
+        --max-update "$MAX_UPDATE" --max-epoch 1000 --disable-validation
         --no-epoch-checkpoints --log-format simple --log-interval 50)
+if [ "$MINUTES" != 0 ]; then COMMON+=(--stop-time-hours "$("$PY" -c "print($MINUTES / 60)")"); fi
 # Latent depth: β = 0.1 per layer reached after 300 updates, straight-through hard samples after 300,
-# K = 3, λ = 0.1. Ours sums the KL over the 6 latent layers (Eq. 8), the anchor averages it, so
-# ours runs --latent-kl-weight 0.1 / 6 for the same strength.
+# K = 3, λ = 0.1. Ours' own objective sums the KL over the 6 latent layers (Eq. 8), the anchor's
+# averages it, so ours runs --latent-kl-weight 0.1 / 6 there for the same strength.
 if [ "$IMPL" = ours ]; then
   USER_DIR="$ROOT/fairseq_widearch"
   TASK=(--task translation_multi_simple_epoch)
+  KL_WEIGHT=0.016667
+  if [ "$OBJECTIVE" = anchor ]; then KL_WEIGHT=0.1; fi
   # batches of 2048 tokens, 3 per update: the anchor's batch shape (one batch per pair per update)
   TRAIN=(--arch latent_depth_transformer_multi30k --max-tokens 2048 --update-freq 3
          --save-interval-updates 100 --keep-interval-updates -1
-         --criterion latent_depth_label_smoothed_cross_entropy --latent-prior aggregated --latent-kl-weight 0.016667
-         --latent-kl-anneal-updates 300 --latent-soft-updates 300 --latent-target-layers 3 --latent-depth-weight 0.1)
-  DECODE=(--model-overrides "{'latent_inference': 'hard'}")
-elif [ "$IMPL" = anchor ]; then
+         --criterion latent_depth_label_smoothed_cross_entropy --latent-objective "$OBJECTIVE"
+         --latent-prior aggregated --latent-kl-weight "$KL_WEIGHT" --latent-kl-anneal-updates 300
+         --latent-soft-updates 300 --latent-target-layers 3 --latent-depth-weight 0.1)
+else
   USER_DIR="$("$PY" -c "import fairseq, os; print(os.path.dirname(fairseq.__file__))")/examples/latent_depth/latent_depth_src"
   TASK=(--task multilingual_translation_latent_depth --decoder-latent-layer)
   # one batch of 2048 tokens per pair per update (the task loops over pairs): 6144 per update as ours
@@ -57,26 +86,51 @@ elif [ "$IMPL" = anchor ]; then
          --encoder-normalize-before --decoder-normalize-before --share-encoders --share-decoders
          --share-all-embeddings --criterion label_smoothed_cross_entropy --prior agged_posterior
          --sparsity-weight 0.1 --anneal-updates 300 --soft-update 300 --target-layers 3 --share-weight 0.1)
-  DECODE=()
-else
-  echo "error: --impl must be ours or anchor, got $IMPL" >&2; exit 2
 fi
 
-SAVE="$WORK/checkpoints/$IMPL"
+SAVE="$WORK/checkpoints/$NAME"
 mkdir -p "$SAVE"
 # Importing the plugin first lets fairseq load (resume from, decode) checkpoints under torch's
-# weights-only loading, also for the anchor's own --user-dir.
-run_fairseq() { "$PY" -c "import sys; from fairseq_cli.$1 import cli_main; import fairseq_widearch; sys.argv[0] = '$1'; cli_main()" "${@:2}"; }
-echo "| training $IMPL for at most $MINUTES minutes (resumes from $SAVE/checkpoint_last.pt if present)"
-run_fairseq train "$WORK/data/bin" --user-dir "$USER_DIR" "${TASK[@]}" "${PAIRS[@]}" "${TRAIN[@]}" \
-  "${COMMON[@]}" --save-dir "$SAVE" 2>&1 | tee "$WORK/train-$IMPL.log" | grep -E "\| train \||done training"
+# weights-only loading, also for the anchor's own --user-dir. ALL_LAYERS=1 makes the anchor's layer
+# selection return 1 for every layer (its code has no such mode).
+run_fairseq() {
+  "$PY" -c "import sys, os, torch, fairseq_widearch
+from argparse import Namespace
+from fairseq.utils import import_user_module
+if os.environ.get('ALL_LAYERS') == '1':
+    import_user_module(Namespace(user_dir='$USER_DIR'))
+    sys.modules['latent_depth_src'].modules.latent_layers.LayerSelect._gumbel_sigmoid = (
+        lambda self, logits, **kw: torch.ones_like(logits))
+from fairseq_cli.$1 import cli_main
+sys.argv[0] = '$1'; cli_main()" "${@:2}"
+}
+updates() {
+  if [ -f "$SAVE/checkpoint_last.pt" ]; then
+    "$PY" -c "import sys, torch; print(torch.load(sys.argv[1], map_location='cpu', weights_only=False)['optimizer_history'][-1]['num_updates'])" "$SAVE/checkpoint_last.pt"
+  else echo 0; fi
+}
+# fairseq-train resumed from a checkpoint that has reached --max-update trains one update more: skip it
+if [ "$(updates)" -lt "$MAX_UPDATE" ]; then
+  echo "| training $NAME to $MAX_UPDATE updates (resumes from $SAVE/checkpoint_last.pt if present)"
+  run_fairseq train "$WORK/data/bin" --user-dir "$USER_DIR" "${TASK[@]}" "${PAIRS[@]}" "${TRAIN[@]}" \
+    "${COMMON[@]}" --save-dir "$SAVE" >> "$WORK/train-$NAME.log" 2>&1 || { tail -n 30 "$WORK/train-$NAME.log" >&2; exit 1; }
+fi
+UPDATES=$(updates)
+echo "| $NAME: $UPDATES updates"
+if [ "$UPDATES" -lt "$MAX_UPDATE" ]; then
+  echo "| warning: --minutes $MINUTES stopped $NAME at $UPDATES of $MAX_UPDATE updates" >&2
+fi
 
-for TGT in de fr cs; do
-  run_fairseq generate \
-    "$WORK/data/bin" --user-dir "$USER_DIR" "${TASK[@]}" "${PAIRS[@]}" --source-lang en --target-lang "$TGT" \
-    --path "$SAVE/checkpoint_last.pt" --gen-subset test --cpu --beam 5 --lenpen 1.0 --batch-size 128 \
-    --tokenizer moses --bpe subword_nmt --bpe-codes "$WORK/data/bpe/codes" "${DECODE[@]}" \
-    > "$WORK/generate-$IMPL-en-$TGT.txt"
-  echo "| $IMPL en-$TGT: $("$PY" "$ROOT/examples/multi30k/score.py" "$WORK/generate-$IMPL-en-$TGT.txt" \
-    "$WORK/data/test.ref.$TGT" | head -1)"
+for MODE in ${DECODE//,/ }; do
+  if [ "$IMPL" = ours ]; then OVERRIDES=(--model-overrides "{'latent_inference': '$MODE'}"); else OVERRIDES=(); fi
+  for TGT in de fr cs; do
+    OUT="$WORK/generate-$NAME-$MODE-en-$TGT.txt"
+    ALL_LAYERS=$([ "$MODE" = all ] && echo 1 || echo 0) run_fairseq generate \
+      "$WORK/data/bin" --user-dir "$USER_DIR" "${TASK[@]}" "${PAIRS[@]}" --source-lang en --target-lang "$TGT" \
+      --path "$SAVE/checkpoint_last.pt" --gen-subset test --cpu --beam 5 --lenpen 1.0 --batch-size 128 \
+      --seed 1 --tokenizer moses --bpe subword_nmt --bpe-codes "$WORK/data/bpe/codes" "${OVERRIDES[@]}" \
+      > "$OUT" 2> "${OUT%.txt}.log" || { tail -n 20 "${OUT%.txt}.log" >&2; exit 1; }
+    # score.py prints a header, the score, the signature: the score is the line meant
+    echo "| $NAME en-$TGT $MODE: $("$PY" "$ROOT/examples/multi30k/score.py" "$OUT" "$WORK/data/test.ref.$TGT" | sed -n 2p)"
+  done
 done

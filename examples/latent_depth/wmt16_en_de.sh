@@ -12,8 +12,10 @@
 # sums it: 0.1 / L, L the preset's latent layers per stack, its last number), ramped over 5k updates,
 # straight-through hard samples after 500. At β = 1 summed the KL holds every layer logit near 0
 # and hard selection keeps layers by noise (docs/claims.md, "Latent depth: why the LL-D run was
-# restarted"). Evaluation as in the paper: last checkpoint, beam 5, length penalty 1.0, hard
-# layer selection.
+# restarted"). Evaluation: last checkpoint, beam 5, length penalty 1.0, the soft layer weights (the
+# expectation of training's z; docs/latent_depth_transformer.md, "Decoding"). The paper prunes with
+# hard selection once q is near-discrete: prune_latent_layers (it warns when q is not) gives that
+# model, whose decoding equals --model-overrides "{'latent_inference': 'hard'}".
 set -euo pipefail
 DATA="$1"; shift
 ARCH="${ARCH:-latent_depth_transformer_lld_12_24}"
@@ -26,7 +28,7 @@ fairseq-train "$DATA" --user-dir fairseq_widearch --arch "$ARCH" \
   --lr-scheduler inverse_sqrt --warmup-updates 8000 --warmup-init-lr 1e-7 --dropout 0.1 \
   --max-tokens 4096 --max-update 100000 --save-dir "$SAVE" --keep-last-epochs 5 --fp16 "$@"
 fairseq-generate "$DATA" --user-dir fairseq_widearch --path "$SAVE/checkpoint_last.pt" \
-  --model-overrides "{'latent_inference': 'hard'}" --beam 5 --lenpen 1.0 --remove-bpe --batch-size 128 \
+  --model-overrides "{'latent_inference': 'soft'}" --beam 5 --lenpen 1.0 --remove-bpe --batch-size 128 \
   --gen-subset test --scoring sacrebleu > "$SAVE/generate-test.txt"
 tail -1 "$SAVE/generate-test.txt"
 python -m fairseq_widearch.cli.plot_layer_utilization "$SAVE" --out "$SAVE/layer_utilization.png"

@@ -32,10 +32,11 @@ from fairseq.models.transformer import (
     base_architecture,
 )
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+import torch
 from torch import Tensor
 
 from ..modules.language_pair import LanguagePairIndex
-from ..modules.layer_select import INFERENCE_MODES, LayerSelect
+from ..modules.layer_select import INFERENCE_MODES, LayerSelect, logistic_noise
 from .base import (
     LayerLoopDecoder,
     LayerLoopEncoder,
@@ -68,7 +69,10 @@ class LatentDepthConfig(TransformerConfig):
     latent_inference: ChoiceEnum(INFERENCE_MODES) = field(
         default="soft", metadata={"help": "z at inference: soft = the mean of the z training draws at the current "
                                            "update (E[σ((α_l + g_1 − g_2)/τ)], or q(z_l = 1) once samples are "
-                                           "straight-through hard), hard = 1[q > threshold] (z = 0 layers skipped)"}
+                                           "straight-through hard); sampled = one draw of what training draws per "
+                                           "sentence (Eq. 5), kept for all its decoding steps, reproducible for a "
+                                           "given --seed and batching; hard = 1[q > threshold] (z = 0 layers "
+                                           "skipped)"}
     )
     latent_threshold: float = field(default=0.5, metadata={"help": "threshold of hard selection"})
     latent_lang_pairs: str = field(
@@ -132,18 +136,38 @@ def _skipped(select: LayerSelect, weight: Tensor) -> bool:
     return not select.training and select.inference == "hard" and not bool(weight.any())
 
 
+def pair_means(z: Tensor, pair: Optional[Tensor], num_pairs: int) -> Tensor:
+    """Per-sentence z ``(B, L)`` -> the mean over each pair's sentences ``(P, L)`` (0 for a pair with
+    none), the ``latent_samples_*`` output of sampled inference."""
+    pair = pair if pair is not None else z.new_zeros(len(z), dtype=torch.long)
+    sums = z.new_zeros(num_pairs, z.size(1)).index_add_(0, pair, z)
+    return sums / torch.bincount(pair, minlength=num_pairs).clamp_min(1).unsqueeze(-1).to(z)
+
+
+def layer_weights(select: LayerSelect, pair: Optional[Tensor], stack: str, noise: Optional[Tensor]):
+    """(the weight of each layer: ``(L,)`` or ``(L, B, 1)``; the stack's auxiliary outputs)."""
+    if not select.per_sentence():
+        z = select()
+        return select.layer_weights(z, pair), select.outputs(stack, z)
+    if noise is None:
+        raise ValueError(f"sampled latent inference needs per-sentence noise for the {stack} from the encoder "
+                         "(LatentDepthEncoder, built when --latent-inference is sampled)")
+    z = select.sentence_samples(noise, pair)  # (B, L)
+    return z.t().unsqueeze(-1), select.outputs(stack, pair_means(z, pair, len(select.logits)))
+
+
 def run_latent_layers(layers, select: Optional[LayerSelect], pair: Optional[Tensor], stack: str, x: Tensor,
-                      states: Optional[List], *layer_args, alignment_layer: Optional[int] = None
-                      ) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
+                      states: Optional[List], *layer_args, alignment_layer: Optional[int] = None,
+                      noise: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
     """``x ← layer(x, *layer_args, z_l)`` for each layer (z = 1 for a static stack), appending each
     output to ``states``; returns x and the stack's auxiliary outputs. Decoder layers (given an
     ``alignment_layer``) also return their cross-attention weights: those of the alignment layer,
-    or, if hard selection skips it, of the last computed layer before it (``attn``)."""
+    or, if hard selection skips it, of the last computed layer before it (``attn``). ``noise``
+    ``(B, L)``: each sentence's noise for sampled inference."""
     if select is None:
         weights, aux = [1.0] * len(layers), {}
     else:
-        z = select()
-        weights, aux = select.layer_weights(z, pair), select.outputs(stack, z)
+        weights, aux = layer_weights(select, pair, stack, noise)
     computed = {i for i, weight in enumerate(weights) if select is None or not _skipped(select, weight)}
     if alignment_layer is not None:  # the last computed layer up to it (else the first computed one)
         before = [i for i in computed if i <= alignment_layer]
@@ -161,16 +185,25 @@ def run_latent_layers(layers, select: Optional[LayerSelect], pair: Optional[Tens
     return x, aux
 
 
+#: Per-sentence auxiliary outputs of the encoder, reordered with the beams (the rest are batch statistics).
+PER_SENTENCE = ("latent_pair", "latent_noise_decoder")
+
+
 class LatentDepthEncoder(LayerLoopEncoder):
     """Encoder of latent layers (``extra`` keys ``latent_probs_encoder``, ``latent_samples_encoder``);
-    in multilingual mode also the static encoder of an LL-D model, for it identifies each
-    sentence's language pair (``latent_pair`` ``(B,)``)."""
+    also the static encoder of an LL-D model where a sentence needs more than its tokens: in
+    multilingual mode it identifies each sentence's language pair (``latent_pair`` ``(B,)``), and
+    under sampled inference it draws each sentence's noise for the latent decoder once, before
+    beam search copies the sentence (``latent_noise_decoder`` ``(B, L_dec)``), so that every beam
+    and decoding step of a sentence uses the same layers."""
 
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
         self.layer_select = build_layer_select(cfg, cfg.encoder.layers) if cfg.encoder_latent_layer else None
         pairs = language_pairs(cfg)
         self.language_pair = LanguagePairIndex(dictionary, cfg.latent_pair_langtoks.split(",")) if pairs else None
+        sampled = cfg.decoder_latent_layer and cfg.latent_inference == "sampled"
+        self.decoder_noise_layers = cfg.decoder.layers if sampled else 0
 
     def build_encoder_layer(self, cfg):
         return wrap_layer(LatentEncoderLayer(cfg), cfg)
@@ -178,13 +211,19 @@ class LatentDepthEncoder(LayerLoopEncoder):
     def run_layers(self, x, padding_mask, states, src_tokens):
         pair = self.language_pair(src_tokens) if self.language_pair is not None else None
         mask = padding_mask if padding_mask.any() else None
-        x, aux = run_latent_layers(self.layers, self.layer_select, pair, "encoder", x, states, mask)
+        select, batch_size = self.layer_select, len(src_tokens)
+        noise = (logistic_noise(batch_size, len(self.layers), x.device)
+                 if select is not None and select.per_sentence() else None)
+        x, aux = run_latent_layers(self.layers, select, pair, "encoder", x, states, mask, noise=noise)
+        if self.decoder_noise_layers and not self.training:
+            aux["latent_noise_decoder"] = [logistic_noise(batch_size, self.decoder_noise_layers, x.device)]
         return x, aux if pair is None else {**aux, "latent_pair": [pair]}
 
     def reorder_encoder_out(self, encoder_out, new_order):
         reordered = super().reorder_encoder_out(encoder_out, new_order)
-        if "latent_pair" in encoder_out:  # per sentence, unlike the batch statistics
-            reordered["latent_pair"] = [encoder_out["latent_pair"][0].index_select(0, new_order)]
+        for key in PER_SENTENCE:
+            if key in encoder_out:
+                reordered[key] = [encoder_out[key][0].index_select(0, new_order)]
         return reordered
 
 
@@ -201,9 +240,10 @@ class LatentDepthDecoder(LayerLoopDecoder):
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                    self_attn_padding_mask, padding_mask, inner_states, encoder_aux, alignment_layer):
         pair = encoder_aux["latent_pair"][0] if "latent_pair" in encoder_aux else None
+        noise = encoder_aux["latent_noise_decoder"][0] if "latent_noise_decoder" in encoder_aux else None
         return run_latent_layers(self.layers, self.layer_select, pair, "decoder", x, inner_states, encoder_out,
                                  encoder_padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask,
-                                 alignment_layer=alignment_layer)
+                                 alignment_layer=alignment_layer, noise=noise)
 
 
 def configure_language_pairs(args, task):
@@ -261,8 +301,8 @@ class LatentDepthTransformerModel(WideTransformerModel):
 
     @classmethod
     def encoder_class_for(cls, cfg):
-        multilingual = bool(cfg.latent_lang_pairs)
-        return LatentDepthEncoder if cfg.encoder_latent_layer or multilingual else TransformerEncoderBase
+        per_sentence = bool(cfg.latent_lang_pairs) or cfg.latent_inference == "sampled"
+        return LatentDepthEncoder if cfg.encoder_latent_layer or per_sentence else TransformerEncoderBase
 
     @classmethod
     def decoder_class_for(cls, cfg):

@@ -8,10 +8,12 @@ posterior of z_l is a Bernoulli with logit α_l; training uses the two-class Gum
 
     z_l = σ((α_l + g_1 − g_2) / τ),   g_1, g_2 ~ Gumbel(0, 1)
 
-(one logit per layer: α_l = α_l(1) − α_l(0)). Inference is deterministic: soft weights equal to
-the expectation of the z that training draws at the current step, E[σ((α_l + g_1 − g_2)/τ)]
-(computed by quadrature over g_1 − g_2 ~ Logistic(0, 1), not sampled; σ(α_l) once training draws
-straight-through hard samples, whose mean it is), or a hard selection σ(α_l) > threshold. σ(α_l)
+(one logit per layer: α_l = α_l(1) − α_l(0)). Inference: soft weights equal to the expectation
+of the z that training draws at the current step, E[σ((α_l + g_1 − g_2)/τ)] (computed by
+quadrature over g_1 − g_2 ~ Logistic(0, 1), not sampled; σ(α_l) once training draws
+straight-through hard samples, whose mean it is); a sampled selection, one draw of what training
+draws per sentence, held for all of its decoding steps (:meth:`LayerSelect.sentence_samples`); or
+a hard selection σ(α_l) > threshold. σ(α_l)
 alone is *not* the training expectation of the relaxed samples: at τ = 5, α = 2 gives E[z] = 0.596
 against σ(α) = 0.881, so soft weights of σ(α) would scale residual branches by ~1.5x their
 training scale.
@@ -25,7 +27,7 @@ from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-INFERENCE_MODES = ("soft", "hard")
+INFERENCE_MODES = ("soft", "sampled", "hard")
 
 #: The paper prunes layers at inference "once q_φ is near-discrete" without a number; ours: every
 #: q(z_l = 1) within this of 0 or 1.
@@ -41,6 +43,15 @@ def expected_relaxed_sample(logits: Tensor, temperature: float) -> Tensor:
     of Eq. 5's relaxed samples at temperature τ (g_1 − g_2 ~ Logistic(0, 1)). Same shape as α."""
     nodes = LOGISTIC_NODES.to(logits)
     return torch.sigmoid((logits.unsqueeze(-1) + nodes) / temperature).mean(-1)
+
+
+def logistic_noise(rows: int, layers: int, device=None) -> Tensor:
+    """g_1 − g_2 ``(rows, layers)``, fp32, g ~ Gumbel(0, 1) (Eq. 5's noise), from torch's default
+    generator (seeded by fairseq's ``--seed``)."""
+    # fp32 whatever the model's dtype: fp16 uniforms are 0 with probability 2^-11, and
+    # clamp_min(1e-10) is 0 in fp16, so g_1 − g_2 would be −inf + inf = NaN once in 4M draws
+    u1, u2 = (torch.rand(rows, layers, device=device) for _ in range(2))
+    return -torch.log(-torch.log(u1.clamp_min(1e-10))) + torch.log(-torch.log(u2.clamp_min(1e-10)))
 
 
 def undecided_warning(probs: Tensor, margin: float = NEAR_DISCRETE_MARGIN) -> Optional[str]:
@@ -75,8 +86,9 @@ class LayerSelect(nn.Module):
             (z > 0.5 forward, the soft sample's gradient backward); negative: always soft (the paper).
         inference (str): ``soft`` (z = the mean of the samples training draws at the current
             update: :func:`expected_relaxed_sample` at τ, or σ(α) once the samples are
-            straight-through hard) or ``hard`` (z = 1[σ(α) > threshold]; the first hard forward
-            logs :func:`undecided_warning` when the posterior is not near-discrete).
+            straight-through hard), ``sampled`` (per sentence, :meth:`sentence_samples`) or
+            ``hard`` (z = 1[σ(α) > threshold]; the first hard forward logs
+            :func:`undecided_warning` when the posterior is not near-discrete).
         threshold (float): for hard selection.
 
     Shapes:
@@ -129,9 +141,10 @@ class LayerSelect(nn.Module):
     def outputs(self, stack: str, z: Tensor) -> Dict[str, List[Tensor]]:
         """The auxiliary outputs of one forward pass of ``stack`` (``encoder``/``decoder``):
         ``latent_probs_<stack>`` q(z = 1) ``(P, L)``, ``latent_samples_<stack>`` z ``(P, L)`` and
-        ``latent_num_updates`` (for the criterion's KL annealing)."""
+        ``latent_num_updates`` and ``latent_soft_updates`` (for the criterion's schedules)."""
         return {f"latent_probs_{stack}": [self.probs()], f"latent_samples_{stack}": [z],
-                "latent_num_updates": [torch.tensor(float(self.num_updates))]}
+                "latent_num_updates": [torch.tensor(float(self.num_updates))],
+                "latent_soft_updates": [torch.tensor(float(self.soft_updates))]}
 
     @staticmethod
     def layer_weights(z: Tensor, pair: Optional[Tensor] = None) -> Tensor:
@@ -153,21 +166,36 @@ class LayerSelect(nn.Module):
             if message:
                 logger.warning(message)
 
+    def per_sentence(self) -> bool:
+        """Whether z is drawn per sentence (``sampled`` inference) rather than per language pair."""
+        return not self.training and self.inference == "sampled"
+
+    def sample(self, logits: Tensor, noise: Tensor) -> Tensor:
+        """Eq. 5's z = σ((α + g_1 − g_2)/τ) for fp32 ``logits`` and ``noise`` of one shape,
+        straight-through hard (z > 0.5 forward, the relaxed gradient) after ``soft_updates``."""
+        z = torch.sigmoid((logits + noise) / self.current_temperature())
+        if self.hard_samples():
+            z = (z > 0.5).to(z.dtype) - z.detach() + z
+        return z
+
+    def sentence_samples(self, noise: Tensor, pair: Optional[Tensor] = None) -> Tensor:
+        """Sampled inference: z ``(B, L)`` for B sentences, each drawn as training draws z at the
+        current update (relaxed or straight-through hard) from its pair's posterior (``pair``
+        ``(B,)``, else the single one), with the sentence's ``noise`` ``(B, L)`` (:func:`logistic_noise`,
+        drawn once per sentence by the encoder and reordered with the beams, so that a sentence
+        keeps its layers for all of its decoding steps)."""
+        logits = self.logits.float()
+        return self.sample(logits[pair] if pair is not None else logits.expand(len(noise), -1), noise)
+
     def forward(self) -> Tensor:
         """z ``(P, L)``, fp32: Gumbel-sigmoid samples in training (Eq. 5), deterministic at inference:
-        soft, the mean of those samples (for hard samples, P(z = 1) = σ(α)); or hard selection."""
-        # fp32 whatever the model's dtype: fp16 uniforms are 0 with probability 2^-11, and
-        # clamp_min(1e-10) is 0 in fp16, so g_1 − g_2 would be −inf + inf = NaN once in 4M draws
+        soft, the mean of those samples (for hard samples, P(z = 1) = σ(α)); or hard selection.
+        (Sampled inference draws per sentence: :meth:`sentence_samples`.)"""
         logits = self.logits.float()
-        if not self.training:
-            q = torch.sigmoid(logits)
-            if self.inference == "hard":
-                self.warn_if_undecided(q)
-                return (q > self.threshold).to(q.dtype)
-            return q if self.hard_samples() else expected_relaxed_sample(logits, self.current_temperature())
-        u1, u2 = torch.rand_like(logits), torch.rand_like(logits)
-        gumbel = -torch.log(-torch.log(u1.clamp_min(1e-10))) + torch.log(-torch.log(u2.clamp_min(1e-10)))
-        z = torch.sigmoid((logits + gumbel) / self.current_temperature())
-        if self.hard_samples():
-            z = (z > 0.5).to(z.dtype) - z.detach() + z  # straight-through hard sample
-        return z
+        if self.training:
+            return self.sample(logits, logistic_noise(*logits.shape, device=logits.device))
+        q = torch.sigmoid(logits)
+        if self.inference == "hard":
+            self.warn_if_undecided(q)
+            return (q > self.threshold).to(q.dtype)
+        return q if self.hard_samples() else expected_relaxed_sample(logits, self.current_temperature())

@@ -264,3 +264,49 @@ def test_unknown_prior_fails_naming_the_flag(multi30k_bin, tmp_path):
     with pytest.raises(AssertionError, match="--latent-prior: invalid choice: 'gaussian'"):
         train(multi30k_bin, tmp_path, "latent_depth_transformer_tiny", "--criterion",
               "latent_depth_label_smoothed_cross_entropy", "--latent-prior", "gaussian")
+
+
+# --- sampled inference: one draw of training's z per sentence, for all its decoding steps ---
+def sampled_model():
+    model = latent_model("--latent-inference", "sampled", "--latent-soft-updates", "0").eval()
+    model.set_num_updates(10)  # training drew straight-through hard samples by now
+    return model
+
+
+def test_sampled_inference_is_reproducible_for_a_seed_and_varies_with_it():
+    model, (src, lengths, prev) = sampled_model(), batch()
+    outputs = []
+    for seed in (3, 3, 4):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            outputs.append(model(src, lengths, prev))
+    (first, extra), (second, _), (other, _) = outputs
+    assert torch.equal(first, second) and not torch.allclose(first, other)
+    thirds = extra["latent_samples_decoder"][0] * 3  # the mean of 3 sentences' 0/1 draws
+    torch.testing.assert_close(thirds, thirds.round())
+
+
+def test_sampled_inference_keeps_each_sentences_layers_for_every_decoding_step_and_beam():
+    model, (src, lengths, prev) = sampled_model(), batch()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        noise = encoder_out["latent_noise_decoder"][0]
+        assert noise.shape == (3, 3)
+        beams = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([0, 0, 1, 1, 2, 2]))
+        assert torch.equal(beams["latent_noise_decoder"][0], noise.repeat_interleave(2, 0))  # beams share it
+        full = model.decoder(prev, encoder_out=encoder_out)[0]
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            steps.append(model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)[0])
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    z = model.decoder.layer_select.sentence_samples(noise)
+    assert not (z == z[0]).all()  # the sentences did not all draw the same layers
+
+
+def test_sampled_inference_needs_the_encoders_noise():
+    model, (src, lengths, prev) = sampled_model(), batch()
+    encoder_out = model.encoder(src, src_lengths=lengths)
+    del encoder_out["latent_noise_decoder"]
+    with pytest.raises(ValueError, match="sampled latent inference needs per-sentence noise for the decoder"):
+        model.decoder(prev, encoder_out=encoder_out)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fairseq_widearch.modules import LayerSelect
-from fairseq_widearch.modules.layer_select import expected_relaxed_sample
+from fairseq_widearch.modules.layer_select import expected_relaxed_sample, logistic_noise
 
 
 def test_gumbel_sigmoid_selects_a_layer_with_its_posterior_probability():
@@ -125,3 +125,24 @@ def test_half_precision_model_samples_and_probs_in_fp32(dtype):
     with torch.no_grad():
         select.logits.fill_(8.0)
     assert select.probs().dtype == torch.float32 and (select.probs() < 1).all()
+
+
+def test_sampled_inference_draws_each_sentences_layers_as_training_does():
+    torch.manual_seed(0)
+    select = LayerSelect(3, soft_updates=5, inference="sampled").eval()
+    with torch.no_grad():
+        select.logits[0] = torch.tensor([math.log(4.0), 0.0, -math.log(9.0)])  # σ = 0.8, 0.5, 0.1
+    assert select.per_sentence() and not select.train().per_sentence()
+    select.eval()
+    noise = logistic_noise(20000, 3)
+    relaxed = select.sentence_samples(noise)  # before --latent-soft-updates: relaxed samples at τ
+    assert ((relaxed > 0) & (relaxed < 1)).all()
+    torch.testing.assert_close(relaxed.mean(0), expected_relaxed_sample(select.logits[0], 5.0), atol=0.01, rtol=0)
+    select.set_num_updates(5)  # then straight-through hard samples: z_l = 1 with probability σ(α_l)
+    hard = select.sentence_samples(noise)
+    assert set(hard.flatten().tolist()) == {0.0, 1.0}
+    torch.testing.assert_close(hard.mean(0), torch.tensor([0.8, 0.5, 0.1]), atol=0.015, rtol=0)
+    pairs = LayerSelect(2, num_posteriors=2, soft_updates=0, inference="sampled").eval()
+    with torch.no_grad():
+        pairs.logits.copy_(torch.tensor([[9.0, 9.0], [-9.0, -9.0]]))
+    assert pairs.sentence_samples(logistic_noise(3, 2), torch.tensor([1, 0, 1])).tolist() == [[0, 0], [1, 1], [0, 0]]
