@@ -5,6 +5,7 @@ several seeds, every run decoded in every mode that applies (``multi30k_o2m.sh``
 
     python examples/latent_depth/head_to_head.py run [--seeds 1,2,3] [--systems ...] [--jobs 2]
         [--max-update 2000] [--results docs/data/latent_depth_o2m.jsonl] [--work-dir runs/multi30k_o2m]
+        [--data-dir DIR] [--decode MODE,...]
     python examples/latent_depth/head_to_head.py report [--results ...]
 
 ``run`` trains and decodes every (system, seed) that has no row in ``--results`` yet, ``--jobs`` at
@@ -71,7 +72,8 @@ def parse(system: str, seed: int, stdout: str, work: Path, max_update: int, besi
 def start(system: str, seed: int, args):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     cmd = ["bash", str(RECIPE), *SYSTEMS[system], "--seed", str(seed), "--max-update", str(args.max_update),
-           "--work-dir", str(args.work_dir)]
+           "--work-dir", str(args.work_dir), *(["--data-dir", str(args.data_dir)] if args.data_dir else []),
+           *(["--decode", args.decode] if args.decode else [])]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -134,6 +136,8 @@ def main(argv=None):
     parser.add_argument("--max-update", type=int, default=2000)
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "data" / "latent_depth_o2m.jsonl")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "multi30k_o2m")
+    parser.add_argument("--data-dir", type=Path, help="raw Multi30k (the recipe's default otherwise)")
+    parser.add_argument("--decode", help="decoding modes for every system instead of all that apply")
     args = parser.parse_args(argv)
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown:

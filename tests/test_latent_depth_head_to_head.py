@@ -1,0 +1,48 @@
+"""The latent-depth head-to-head (examples/latent_depth/head_to_head.py over multi30k_o2m.sh): a run
+trains its fixed number of updates, each pair's sacreBLEU line is the score (not score.py's header),
+and the row and the report carry it."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+RUNNER = REPO / "examples" / "latent_depth" / "head_to_head.py"
+ENV = {**os.environ, "VENV": str(Path(sys.executable).parent.parent)}  # this test run's virtualenv
+
+
+def small_multi30k(src, dst, lines=((("train", 300), ("val", 8), ("test_2016_flickr", 4)))):
+    dst.mkdir()
+    for split, n in lines:
+        for lang in ("en", "de", "fr", "cs"):
+            head = (src / f"{split}.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)[:n]
+            (dst / f"{split}.{lang}").write_text("".join(head), encoding="utf-8")
+    return dst
+
+
+def test_a_run_trains_its_updates_and_records_every_pairs_score(multi30k_dir, tmp_path):
+    data, results = small_multi30k(multi30k_dir, tmp_path / "raw"), tmp_path / "rows.jsonl"
+    cmd = [sys.executable, RUNNER, "run", "--systems", "ours-objective_anchor", "--seeds", "1", "--max-update", "2",
+           "--decode", "sampled", "--jobs", "1", "--results", results, "--work-dir", tmp_path / "work",
+           "--data-dir", data]
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=900, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = [json.loads(line) for line in results.read_text().splitlines()]
+    assert row["system"] == "ours-objective_anchor" and row["updates"] == 2 and row["updates_per_s"] > 0
+    assert sorted(row["decode"]["sampled"]) == ["cs", "de", "fr"] and len(row["q_decoder"]) == 3
+    assert all(score["ratio"] > 0 for score in row["decode"]["sampled"].values())
+    gen = (tmp_path / "work" / "generate-ours-objective_anchor-seed1-sampled-en-de.txt").read_text()
+    assert gen.count("\nD-") + gen.startswith("D-") == 4  # every test sentence decoded
+    report = subprocess.run([sys.executable, str(RUNNER), "report", "--results", str(results)],
+                            capture_output=True, text=True, check=True).stdout
+    assert "| ours-objective_anchor | sampled | 2 |" in report
+    # a second run of the recipe decodes again without training past --max-update
+    again = subprocess.run(["bash", str(REPO / "examples" / "latent_depth" / "multi30k_o2m.sh"), "--objective",
+                            "anchor", "--max-update", "2", "--decode", "hard", "--work-dir", str(tmp_path / "work"),
+                            "--data-dir", str(data)], capture_output=True, text=True, timeout=900, env=ENV)
+    assert again.returncode == 0, again.stderr[-3000:]
+    lines = [ln for ln in again.stdout.splitlines() if ln.startswith("| ours-objective_anchor-seed1 en-")]
+    assert len(lines) == 3 and all(": BLEU = " in ln and "ratio = " in ln for ln in lines)
+    assert "| ours-objective_anchor-seed1: 2 updates" in again.stdout
