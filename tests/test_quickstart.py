@@ -64,6 +64,14 @@ def quickstart(*args):
                           timeout=600)
 
 
+@pytest.mark.parametrize("updates", ["abc", "-1", "0", "1.5"])
+def test_updates_must_be_a_positive_whole_number(updates, tmp_path):
+    proc = quickstart("--updates", updates, "--work-dir", tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"--updates takes a positive whole number of updates (e.g. 1320), got '{updates}'" in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("minutes", ["abc", "-1", "0"])
 def test_minutes_must_be_a_positive_number(minutes, tmp_path):
     proc = quickstart("--minutes", minutes, "--work-dir", tmp_path)
@@ -80,10 +88,13 @@ def test_extra_flags_reach_fairseq_train_and_sacrebleu_ends_the_output(multi30k_
         for lang in ("en", "de"):
             head = (multi30k_dir / f"{split}.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)[:lines]
             (data / f"{split}.{lang}").write_text("".join(head), encoding="utf-8")
-    proc = quickstart("--data-dir", data, "--work-dir", tmp_path / "work", "--minutes", "1", "--",
-                      "--max-update", "2", "--max-tokens", "1024")
+    proc = quickstart("--data-dir", data, "--work-dir", tmp_path / "work", "--updates", "1000", "--minutes", "0.001",
+                      "--", "--max-tokens", "1024")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "num_updates 2" in proc.stdout and "max tokens per device = 1024" in proc.stdout
+    assert "max tokens per device = 1024" in proc.stdout
+    # the update budget is the default; --minutes is an upper bound, reported when it cuts training short
+    assert "| training multipath_transformer_multi30k for 1000 updates (at most 0.001 minutes)" in proc.stdout
+    assert "| warning: --minutes 0.001 cut training short at 1 of 1000 updates" in proc.stderr
     header, score, signature = proc.stdout.strip().splitlines()[-3:]
     assert header.startswith("| sacreBLEU of the detokenized translations")
     assert score.startswith("BLEU = ") and signature.startswith("signature: nrefs:1|")
