@@ -9,24 +9,34 @@ sys.path.insert(0, str(REPO / "examples" / "compare"))
 import compare  # noqa: E402
 
 
-def epoch_line(epoch, wps, wpb, updates):
+def epoch_line(epoch, updates, wall):
     return (f"2026-11-22 14:40:56 | INFO | train | epoch {epoch:03d} | loss 9.402 | nll_loss 9.368 | ppl 661 | "
-            f"wps {wps} | ups 0.8 | wpb {wpb} | bsz 280 | num_updates {updates} | lr 0.00014 | train_wall 17 | wall 21")
+            f"wps 900 | ups 0.8 | wpb 1000 | bsz 280 | num_updates {updates} | lr 0.00014 | train_wall 17 | wall {wall}")
 
 
-def test_training_tokens_per_second_weighs_epochs_by_their_time():
-    stage1 = "\n".join(["noise", epoch_line(1, 500, 1000, 10), epoch_line(2, 1000, 2000, 20)])
-    # epoch 1: 10,000 tokens in 20 s; epoch 2: 20,000 tokens in 20 s
-    assert compare.training_tokens_per_s(stage1) == pytest.approx(30000 / 40)
-    # a second log (a later stage) restarts its update count; a one-update epoch (wps 0) is left out
-    stage2 = "\n".join([epoch_line(1, 0, 4000, 1), epoch_line(2, 250, 1000, 6)])
-    assert compare.training_tokens_per_s(stage1, stage2) == pytest.approx((30000 + 5000) / (40 + 20))
-    assert compare.training_updates(stage1, stage2) == 20 + 6
+def test_updates_and_wall_time_are_read_from_every_stage():
+    stage1 = "\n".join(["noise", epoch_line(1, 10, 21), epoch_line(2, 20, 40)])
+    stage2 = "\n".join([epoch_line(1, 1, 3), epoch_line(2, 6, 9), "Stopping training due to num_updates: 6 >= 6"])
+    assert compare.training_updates(stage1, stage2) == 20 + 6  # a later stage restarts its update count
+    assert compare.training_wall_seconds(stage1, stage2) == 40 + 9
+    assert not compare.cut_short(stage1, stage2)
+    assert compare.cut_short(stage1, "Stopping training due to cumulative_training_time: 0.3 > stop_time_hours: 0.25")
 
 
-def test_a_log_without_epoch_summaries_is_an_error():
-    with pytest.raises(ValueError, match="no '| train | epoch' summary"):
-        compare.training_tokens_per_s("| INFO | fairseq_cli.train | training on 1 devices")
+def test_the_table_gives_mean_and_spread_over_seeds_and_the_side_by_side_speed():
+    row = {"width": 0, "params": 3e6, "macs": 6e7, "max_update": 1320, "updates": 1320, "cut_short": False,
+           "decode_sentences_per_s": 150.0, "bleu_signature": "nrefs:1"}
+    rows = [{**row, "system": "transformer", "seed": 2, "bleu": 36.0, "train_wall_s": 900.0},
+            {**row, "system": "transformer", "seed": 1, "bleu": 35.0, "train_wall_s": 1200.0},
+            {**row, "system": "widenet", "seed": 1, "bleu": 34.0, "train_wall_s": 800.0, "cut_short": True}]
+    speeds = {"transformer": {"train_tokens_per_s": 5000.0, "train_flops_per_token": 1e7, "utilisation": 0.4}}
+    summary = compare.summarise(rows, speeds)
+    assert summary[0]["bleu"] == 35.5 and summary[0]["bleu_seeds"] == [35.0, 36.0] and summary[0]["seeds"] == [1, 2]
+    lines = compare.table(summary).splitlines()
+    assert lines[2] == ("| transformer | 3.00M | 60.0M | 1320 | 35.50 ± 0.71 (35.00, 36.00) | 5,000 | 40.0% | 150.0 | "
+                        "1200 s, 900 s |")
+    assert lines[3].startswith("| widenet | 3.00M | 60.0M | 1320 (cut short by --minutes) | 34.00 (one seed) | "
+                               "not measured | not measured |")
 
 
 def test_training_flops_per_token_count_forward_and_backward(tiny_checkpoint, multi30k_bin):
@@ -38,3 +48,14 @@ def test_training_flops_per_token_count_forward_and_backward(tiny_checkpoint, mu
     forward = 2 * count_macs(model, 20, 20) / 20  # FLOPs per target token of a 20 + 20 pair
     # backward costs about twice the forward; batch lengths differ from 20 + 20, hence the wide band
     assert 2 * forward < per_token < 5 * forward
+
+
+def test_side_by_side_throughput_times_every_system_in_one_process(tiny_checkpoint, multi30k_bin):
+    checkpoints = {arch: tiny_checkpoint(arch) / "checkpoint_last.pt"
+                   for arch in ("partialformer_tiny", "multipath_transformer_tiny")}
+    speeds = compare.side_by_side_throughput(checkpoints, str(multi30k_bin), peak=1e6, batches=1, rounds=2)
+    assert set(speeds) == set(checkpoints)
+    for speed in speeds.values():
+        assert speed["train_tokens_per_s"] > 0 and speed["train_flops_per_token"] > 0
+        flops_per_s = speed["train_flops_per_token"] * speed["train_tokens_per_s"]
+        assert speed["utilisation"] == pytest.approx(flops_per_s / 1e6, rel=1e-3)

@@ -2,30 +2,39 @@
 """Compare the stock pre-norm Transformer and the five wide architectures on Multi30k En->De.
 
     python examples/compare/compare.py --data BIN --bpe-codes CODES --ref REFERENCE
-        [--minutes 10] [--work-dir runs/compare] [--systems a,b,...] [--figure PNG]
+        [--max-update 1320] [--seeds 1,2] [--minutes M] [--work-dir runs/compare] [--systems a,b,...]
+        [--figure PNG]
 
-Every system trains with the same flags, seed and CPU wall-clock budget (``--stop-time-hours``),
-then ``checkpoint_last.pt`` decodes test_2016 with the same beam settings through
-``fairseq-generate``. Per system (per width for the scalable model) it records:
+Every system trains the same number of updates (``--max-update``; the scalable model
+``SCALABLE_STAGE1_SHARE`` of them in stage 1, the rest in stage 2) with the same flags, at every
+seed of ``--seeds``; then ``checkpoint_last.pt`` decodes test_2016 with the same beam settings
+through ``fairseq-generate``. Per run (per width for the scalable model) it records ``params``
+and ``macs`` (one teacher-forced 20 + 20-token pair; ``fairseq_widearch.cli.stats``), the updates,
+``train_wall_s`` (fairseq's wall clock: this machine's speed moves 25-40 % from day to day, so it
+is reported, never compared), ``decode_sentences_per_s`` (fairseq-generate's own timing) and
+sacreBLEU with its signature. ``--minutes`` is an upper bound on a run's training time; a run it
+cuts short is recorded with its updates and flagged in the table.
 
-* ``params`` and ``macs`` (one teacher-forced 20 + 20-token pair; ``fairseq_widearch.cli.stats``);
-* ``train_tokens_per_s``: target tokens per second of training, from fairseq's per-epoch ``wps``;
-* ``train_flops_per_token``: FLOPs of real training steps (forward and backward, every
-  sub-Transformer of a scalable update) per target token, counted by ``torch.utils.flop_counter``
-  on the first training batches;
-* ``utilisation``: ``train_flops_per_token × train_tokens_per_s`` over this machine's fp32 peak,
-  the best rate of a large ``torch.matmul`` measured at the start of the same run;
-* ``decode_sentences_per_s`` (fairseq-generate's own timing) and sacreBLEU with its signature.
+Training speed is measured apart, side by side in one process (:func:`side_by_side_throughput`):
+every system's checkpoint of the first seed runs the same number of real training batches through
+its task's ``train_step`` (forward and backward), in alternating rounds, so that whatever else the
+machine does weighs on every system alike. It gives ``train_tokens_per_s`` (target tokens per
+second), ``train_flops_per_token`` (``torch.utils.flop_counter``) and ``utilisation``
+(FLOPs/token × tokens/s over this machine's fp32 matmul peak, measured in the same process).
 
-Results are appended to ``WORK/results.jsonl`` (a system already there is skipped; an interrupted
-training resumes), then printed as a markdown table and drawn as BLEU against MACs in ``--figure``.
+Rows go to ``WORK/results.jsonl`` (a run already there is skipped; an interrupted training
+resumes), the throughput to ``WORK/throughput.json``; then a markdown table (BLEU as mean ± sample
+standard deviation over the seeds, with every seed's score) and BLEU against MACs in ``--figure``.
 """
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Dict
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -43,7 +52,7 @@ from score import corpus_bleu, generate  # noqa: E402  (the quick start's decodi
 OPTIMISATION = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.003", "--lr-scheduler", "inverse_sqrt",
                 "--warmup-updates", "300", "--label-smoothing", "0.1", "--dropout", "0.1", "--attention-dropout", "0.1",
                 "--activation-dropout", "0.1", "--max-tokens", "4096"]
-COMMON = ["--cpu", "--num-workers", "0", "--seed", "1", *OPTIMISATION, "--max-epoch", "100", "--no-epoch-checkpoints",
+COMMON = ["--cpu", "--num-workers", "0", *OPTIMISATION, "--max-epoch", "1000", "--no-epoch-checkpoints",
           "--log-format", "simple", "--log-interval", "50"]
 BODY = ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
         "--decoder-attention-heads", "4", "--share-all-embeddings"]
@@ -69,41 +78,25 @@ SYSTEMS = {
 }
 SCALABLE_WIDTHS = (64, 128, 192)
 #: Scalable Transformers train in stages (Gao et al. 2021, Sec. 3.3): stage 1 (Eq. 6) for this
-#: share of the budget, then stage 2 (Eq. 7, lambda_2 annealed over 100 updates) from it with a
+#: share of the updates, then stage 2 (Eq. 7, lambda_2 annealed over 100 updates) from it with a
 #: fresh Adam warming up from half the peak learning rate. Stage 3 is left out: decoding the
 #: training set would cost more than the budget.
 SCALABLE_STAGE1_SHARE = 0.6
 
 
-_EPOCH = re.compile(r"\| train \| epoch \d+ \|.*")
-
-
-def training_tokens_per_s(*logs: str) -> float:
-    """Target tokens per second over every epoch of one or more fairseq-train logs: Σ tokens / Σ time,
-    an epoch's tokens being ``wpb × updates`` and its time ``tokens / wps`` (epochs whose ``wps``
-    rounds to 0, a single update, are left out).
-
-    Raises:
-        ValueError: if the logs hold no epoch summary with a throughput.
-    """
-    tokens = seconds = 0.0
-    for log in logs:
-        previous_updates = 0
-        for line in _EPOCH.findall(log):
-            fields = dict(f.strip().split(" ", 1) for f in line.split("|")[3:] if " " in f.strip())
-            updates, wps = int(float(fields["num_updates"])), float(fields["wps"])
-            if wps:
-                epoch_tokens = float(fields["wpb"]) * (updates - previous_updates)
-                tokens, seconds = tokens + epoch_tokens, seconds + epoch_tokens / wps
-            previous_updates = updates
-    if not seconds:
-        raise ValueError("no '| train | epoch' summary with a throughput in the fairseq-train log")
-    return tokens / seconds
-
-
 def training_updates(*logs: str) -> int:
     """Updates over one or more fairseq-train logs (each stage counts from 0)."""
     return sum(int(re.findall(r"\| num_updates (\d+)", log)[-1]) for log in logs)
+
+
+def training_wall_seconds(*logs: str) -> float:
+    """fairseq's cumulative wall clock at the last epoch summary of each log, summed over the logs."""
+    return sum(float(re.findall(r"\| num_updates \d+ \|.*\| wall (\d+)", log)[-1]) for log in logs)
+
+
+def cut_short(*logs: str) -> bool:
+    """Whether ``--stop-time-hours`` (``--minutes``) ended any of the trainings."""
+    return any("Stopping training due to cumulative_training_time" in log for log in logs)
 
 
 class _Backward:
@@ -114,22 +107,59 @@ class _Backward:
         loss.backward()
 
 
-def training_flops_per_token(checkpoint: Path, data: str, batches: int = 4, update_num: int = 1000) -> float:
-    """FLOPs of ``batches`` training steps (forward + backward through the task's ``train_step``,
-    the checkpoint's own criterion) per target token, counted by ``torch.utils.flop_counter``
-    (attention through the math SDPA kernel so its matmuls are seen)."""
+def training_setup(checkpoint: Path, data: str, batches: int):
+    """(model, criterion, task, the first ``batches`` training batches) of a trained checkpoint."""
     from fairseq import checkpoint_utils
     [model], cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": data})
     criterion = task.build_criterion(cfg.criterion)
     task.load_dataset("train")
     iterator = task.get_batch_iterator(task.dataset("train"), max_tokens=cfg.dataset.max_tokens, seed=1,
                                        max_positions=model.max_positions()).next_epoch_itr(shuffle=True)
-    counter, tokens = FlopCounterMode(display=False), 0
+    return model.train(), criterion, task, [sample for _, sample in zip(range(batches), iterator)]
+
+
+def train_steps(setup, update_num: int = 1000) -> int:
+    """Forward and backward of every batch of ``setup`` through its task's ``train_step``; returns
+    the target tokens."""
+    model, criterion, task, samples = setup
+    for sample in samples:
+        model.zero_grad()
+        task.train_step(sample, model, criterion, _Backward(), update_num)
+    return sum(sample["ntokens"] for sample in samples)
+
+
+def training_flops_per_token(checkpoint: Path, data: str, batches: int = 4) -> float:
+    """FLOPs of ``batches`` training steps (forward + backward through the task's ``train_step``,
+    the checkpoint's own criterion) per target token, counted by ``torch.utils.flop_counter``
+    (attention through the math SDPA kernel so its matmuls are seen)."""
+    setup, counter = training_setup(checkpoint, data, batches), FlopCounterMode(display=False)
     with sdpa_kernel(SDPBackend.MATH), counter:
-        for _, sample in zip(range(batches), iterator):
-            task.train_step(sample, model, criterion, _Backward(), update_num)
-            tokens += sample["ntokens"]
+        tokens = train_steps(setup)
     return counter.get_total_flops() / tokens
+
+
+def side_by_side_throughput(checkpoints: Dict[str, Path], data: str, peak: float, batches: int = 4,
+                            rounds: int = 3) -> Dict[str, dict]:
+    """``{system: {train_tokens_per_s, train_flops_per_token, utilisation}}``: each checkpoint's
+    first ``batches`` training batches, forward and backward, timed in ``rounds`` alternating
+    rounds in this process (the order rotates every round; one untimed warm-up round first).
+    Tokens/s = Σ target tokens / Σ seconds over the timed rounds; utilisation = FLOPs/token ×
+    tokens/s / ``peak`` (FLOP/s)."""
+    setups = {name: training_setup(path, data, batches) for name, path in checkpoints.items()}
+    names, tokens, seconds = list(setups), dict.fromkeys(setups, 0), dict.fromkeys(setups, 0.0)
+    for name in names:  # warm-up
+        train_steps(setups[name])
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = time.perf_counter()
+            tokens[name] += train_steps(setups[name])
+            seconds[name] += time.perf_counter() - start
+    speeds = {}
+    for name, path in checkpoints.items():
+        per_s, flops = tokens[name] / seconds[name], training_flops_per_token(path, data, batches)
+        speeds[name] = {"train_tokens_per_s": round(per_s, 1), "train_flops_per_token": round(flops),
+                        "utilisation": round(flops * per_s / peak, 4)}
+    return speeds
 
 
 def model_size(checkpoint: Path, data: str, width: int = 0) -> dict:
@@ -152,72 +182,113 @@ def decode(args, checkpoint: Path, out: Path, width: int = 0) -> dict:
             "bleu_signature": str(signature)}
 
 
-def train(args, flags, save: Path, minutes: float, *extra) -> str:
-    """Run fairseq-train until ``minutes`` of (cumulative) training; returns its log."""
+def checkpoint_updates(checkpoint: Path) -> int:
+    """The updates a checkpoint has trained (0 if it does not exist)."""
+    if not checkpoint.exists():
+        return 0
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["optimizer_history"][-1]["num_updates"]
+
+
+def train(args, flags, save: Path, seed: int, updates: int, *extra) -> str:
+    """Run fairseq-train to ``updates`` updates (``--minutes``: an upper bound); returns its log.
+    A run that has its updates is not started again: fairseq-train resumed there trains one more."""
     save.mkdir(parents=True, exist_ok=True)
-    cmd = [Path(sys.executable).parent / "fairseq-train", args.data, "--user-dir", ROOT / "fairseq_widearch",
-           *COMMON, *flags, "--stop-time-hours", f"{minutes / 60:.6f}", "--save-dir", save, *extra]
-    with open(save / "train.log", "a") as log:
-        subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, check=True)
+    if checkpoint_updates(save / "checkpoint_last.pt") < updates:
+        limit = ["--stop-time-hours", f"{args.minutes / 60:.6f}"] if args.minutes else []
+        cmd = [Path(sys.executable).parent / "fairseq-train", args.data, "--user-dir", ROOT / "fairseq_widearch",
+               *COMMON, "--seed", seed, *flags, "--max-update", updates, *limit, "--save-dir", save, *extra]
+        with open(save / "train.log", "a") as log:
+            subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, check=True)
     return (save / "train.log").read_text()
 
 
-def train_system(args, name: str) -> list:
-    """Train one system for ``--minutes`` (the scalable model in two stages); returns its logs."""
-    save = args.work_dir / name
+def run_dir(args, name: str, seed: int) -> Path:
+    return args.work_dir / f"seed{seed}" / name
+
+
+def train_system(args, name: str, seed: int) -> list:
+    """Train one system for ``--max-update`` updates (the scalable model in two stages); returns its logs."""
+    save = run_dir(args, name, seed)
     if name != "scalable_transformer":
-        return [train(args, SYSTEMS[name], save, args.minutes)]
-    stage1 = save / "stage1"
-    log = train(args, SYSTEMS[name], stage1, args.minutes * SCALABLE_STAGE1_SHARE, "--distill-stage", "1")
-    return [log, train(args, SYSTEMS[name], save, args.minutes, "--distill-stage", "2",
+        return [train(args, SYSTEMS[name], save, seed, args.max_update)]
+    stage1, first = save / "stage1", round(args.max_update * SCALABLE_STAGE1_SHARE)
+    log = train(args, SYSTEMS[name], stage1, seed, first, "--distill-stage", "1")
+    return [log, train(args, SYSTEMS[name], save, seed, args.max_update - first, "--distill-stage", "2",
                        "--lambda2-anneal-updates", "100", "--warmup-init-lr", "0.0015",
                        "--finetune-from-model", stage1 / "checkpoint_last.pt")]
 
 
-def run_system(args, name: str, peak: float) -> list:
-    """Train, measure and decode one system: one result row, or one per width of the scalable model."""
-    logs = train_system(args, name)
-    checkpoint = args.work_dir / name / "checkpoint_last.pt"
-    tokens_per_s = training_tokens_per_s(*logs)
-    flops_per_token = training_flops_per_token(checkpoint, args.data)
-    training = {"minutes": args.minutes, "updates": training_updates(*logs), "train_tokens_per_s": round(tokens_per_s, 1),
-                "train_flops_per_token": round(flops_per_token), "matmul_peak_gflops": round(peak / 1e9, 1),
-                "utilisation": round(flops_per_token * tokens_per_s / peak, 4)}
+def run_system(args, name: str, seed: int) -> list:
+    """Train and decode one system at one seed: one result row, or one per width of the scalable model."""
+    logs = train_system(args, name, seed)
+    checkpoint = run_dir(args, name, seed) / "checkpoint_last.pt"
+    training = {"seed": seed, "max_update": args.max_update, "updates": training_updates(*logs),
+                "train_wall_s": training_wall_seconds(*logs), "cut_short": cut_short(*logs)}
     widths = SCALABLE_WIDTHS if name == "scalable_transformer" else (0,)
     rows = []
     for width in widths:
         label = f"{name} w{width}" if width else name
-        out = args.work_dir / name / f"generate{'-w%d' % width if width else ''}.txt"
+        out = checkpoint.with_name(f"generate{'-w%d' % width if width else ''}.txt")
         rows.append({"system": label, "width": width, **model_size(checkpoint, args.data, width), **training,
                      **decode(args, checkpoint, out, width)})
     return rows
 
 
-def table(rows) -> str:
-    head = ("| system | params | MACs (20+20) | updates | train tokens/s | utilisation | decode sent/s | BLEU |\n"
-            "|---|---|---|---|---|---|---|---|")
-    lines = [f"| {r['system']} | {r['params'] / 1e6:.2f}M | {r['macs'] / 1e6:.1f}M | {r['updates']} | "
-             f"{r['train_tokens_per_s']:,.0f} | "
-             f"{100 * r['utilisation']:.1f}% | {r['decode_sentences_per_s']:.1f} | {r['bleu']:.2f} |" for r in rows]
+def bleu_summary(scores) -> str:
+    """'mean ± sd (s1, s2, ...)'; the sd is left out for one seed."""
+    each = ", ".join(f"{b:.2f}" for b in scores)
+    if len(scores) == 1:
+        return f"{scores[0]:.2f} (one seed)"
+    return f"{statistics.mean(scores):.2f} ± {statistics.stdev(scores):.2f} ({each})"
+
+
+def summarise(rows, speeds: Dict[str, dict]) -> list:
+    """One entry per system (per width): its rows over the seeds, BLEU statistics, the throughput."""
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    out = []
+    for system in systems:
+        runs = sorted((r for r in rows if r["system"] == system), key=lambda r: r["seed"])
+        bleu = [r["bleu"] for r in runs]
+        out.append({**runs[0], "bleu": statistics.mean(bleu), "bleu_sd": statistics.stdev(bleu) if len(bleu) > 1 else 0.0,
+                    "bleu_seeds": bleu, "seeds": [r["seed"] for r in runs],
+                    "train_wall_s": [r["train_wall_s"] for r in runs], "cut_short": any(r["cut_short"] for r in runs),
+                    **speeds.get(system.split(" ")[0], {})})
+    return out
+
+
+def table(summary) -> str:
+    head = ("| system | params | MACs (20+20) | updates | BLEU: mean ± sd (per seed) | train tokens/s, side by side | "
+            "utilisation | decode sent/s | training wall time per run |\n|---|---|---|---|---|---|---|---|---|")
+    lines = []
+    for r in summary:
+        speed = (f"{r['train_tokens_per_s']:,.0f} | {100 * r['utilisation']:.1f}%" if "utilisation" in r
+                 else "not measured | not measured")
+        cut = " (cut short by --minutes)" if r["cut_short"] else ""
+        lines.append(f"| {r['system']} | {r['params'] / 1e6:.2f}M | {r['macs'] / 1e6:.1f}M | {r['updates']}{cut} | "
+                     f"{bleu_summary(r['bleu_seeds'])} | {speed} | {r['decode_sentences_per_s']:.1f} | "
+                     + ", ".join(f"{w:.0f} s" for w in r["train_wall_s"]) + " |")
     return "\n".join([head, *lines])
 
 
-def plot(rows, path: Path):
-    """BLEU against MACs: one point per system, the scalable model's widths joined as a curve."""
+def plot(summary, path: Path):
+    """BLEU (mean over the seeds, bars: ± sd) against MACs: one point per system, the scalable
+    model's widths joined as a curve."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    scalable = sorted((r for r in rows if r["width"]), key=lambda r: r["macs"])
-    for i, r in enumerate(r for r in rows if not r["width"]):
-        ax.scatter(r["macs"] / 1e6, r["bleu"], s=40)
+    scalable = sorted((r for r in summary if r["width"]), key=lambda r: r["macs"])
+    for i, r in enumerate(r for r in summary if not r["width"]):
+        ax.errorbar(r["macs"] / 1e6, r["bleu"], yerr=r["bleu_sd"], fmt="o", ms=6, capsize=3)
         ax.annotate(r["system"], (r["macs"] / 1e6, r["bleu"]), textcoords="offset points", fontsize=8,
                     xytext=(6, 4 if i % 2 == 0 else -11))  # alternate above/below: close points stay readable
     if scalable:
-        ax.plot([r["macs"] / 1e6 for r in scalable], [r["bleu"] for r in scalable], "k--o", ms=4,
-                label="scalable_transformer, widths " + "/".join(str(r["width"]) for r in scalable))
+        ax.errorbar([r["macs"] / 1e6 for r in scalable], [r["bleu"] for r in scalable],
+                    yerr=[r["bleu_sd"] for r in scalable], fmt="k--o", ms=4, capsize=3,
+                    label="scalable_transformer, widths " + "/".join(str(r["width"]) for r in scalable))
         ax.legend(fontsize=8, loc="center right")
     ax.set_xlabel("MACs per 20+20-token sentence pair (millions)")
     ax.set_ylabel("sacreBLEU, Multi30k test_2016 En→De")
-    ax.set_title(f"Same CPU budget ({rows[0]['minutes']:g} min), seed and beam")
+    seeds = ",".join(map(str, summary[0]["seeds"]))
+    ax.set_title(f"{summary[0]['max_update']} updates each, seeds {seeds}, same beam")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -235,34 +306,43 @@ def data_arguments(description: str) -> argparse.ArgumentParser:
 
 def main(argv=None):
     p = data_arguments(__doc__)
-    p.add_argument("--minutes", type=float, default=10, help="training wall-clock budget of every system")
+    p.add_argument("--max-update", type=int, default=1320, help="training updates of every run (10 epochs)")
+    p.add_argument("--seeds", default="1,2", type=lambda v: [int(x) for x in v.split(",")])
+    p.add_argument("--minutes", type=float, default=0, help="upper bound on a run's training time; 0 = none")
     p.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "compare")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
     p.add_argument("--beam", default="5")
     p.add_argument("--lenpen", default="1.0")
     p.add_argument("--figure", type=Path, help="PNG path (default WORK/bleu_vs_macs.png)")
     args = p.parse_args(argv)
-    unknown = set(args.systems.split(",")) - set(SYSTEMS)
+    systems = args.systems.split(",")
+    unknown = set(systems) - set(SYSTEMS)
     if unknown:
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    results = args.work_dir / "results.jsonl"
+    results, speed_file = args.work_dir / "results.jsonl", args.work_dir / "throughput.json"
     rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
-    done = {r["system"].split(" ")[0] for r in rows}
-    peak = matmul_peak_flops()  # fp32, this CPU
-    print(f"| fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s", flush=True)
-    for name in args.systems.split(","):
-        if name in done:
-            continue
-        print(f"| {name}: training for {args.minutes:g} minutes", flush=True)
-        new = run_system(args, name, peak)
-        with open(results, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in new)
-        rows += new
-    print(table(rows))
+    for seed in args.seeds:
+        for name in systems:
+            if any(r["system"].split(" ")[0] == name and r["seed"] == seed for r in rows):
+                continue
+            print(f"| {name}, seed {seed}: training {args.max_update} updates", flush=True)
+            new = run_system(args, name, seed)
+            with open(results, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in new)
+            rows += new
+    speeds = json.loads(speed_file.read_text()) if speed_file.exists() else {}
+    if set(systems) - set(speeds):
+        peak = matmul_peak_flops()  # fp32, this CPU, in this process
+        print(f"| fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s; training speed side by side", flush=True)
+        checkpoints = {name: run_dir(args, name, args.seeds[0]) / "checkpoint_last.pt" for name in systems}
+        speeds = side_by_side_throughput(checkpoints, args.data, peak)
+        speed_file.write_text(json.dumps({**speeds, "matmul_peak_gflops": round(peak / 1e9, 1)}, indent=1))
+    summary = summarise([r for r in rows if r["system"].split(" ")[0] in systems], speeds)
+    print(table(summary))
     print(f"BLEU signature: {rows[0]['bleu_signature']}")
     figure = args.figure or args.work_dir / "bleu_vs_macs.png"
-    plot(rows, figure)
+    plot(summary, figure)
     print(f"| figure: {figure}")
 
 

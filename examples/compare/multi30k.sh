@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The comparison of docs/results.md: the stock pre-norm Transformer and the five wide architectures
-# on Multi30k En->De, each trained for the same CPU wall-clock budget with the same seed, decoded
-# with the same beam; table of params, MACs, training tokens/s, utilisation, decoding speed and
-# sacreBLEU, and the BLEU-vs-MACs figure.
+# on Multi30k En->De, each trained for the same number of updates at every seed, decoded with the
+# same beam; training speed measured side by side in one process; table of params, MACs, BLEU
+# (mean ± sd over the seeds), training tokens/s, utilisation, decoding speed and wall time, and the
+# BLEU-vs-MACs figure.
 #
-#   bash examples/compare/multi30k.sh [--minutes 10] [--work-dir DIR] [--data-dir DIR]
-#                                     [--figure PNG] [--systems a,b,...]
+#   bash examples/compare/multi30k.sh [--max-update 1320] [--seeds 1,2] [--minutes M] [--work-dir DIR]
+#                                     [--data-dir DIR] [--figure PNG] [--systems a,b,...]
 #
-# About 6 × (budget + 1-3 minutes of decoding). Running it again skips finished systems and
-# resumes an interrupted training.
+# About 6 x 2 runs of 15-25 minutes here. Running it again skips finished runs and resumes an
+# interrupted training.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -20,8 +21,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --data-dir) DATA_DIR="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
-    --minutes|--figure|--systems) ARGS+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --max-update|--seeds|--minutes|--figure|--systems) ARGS+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
