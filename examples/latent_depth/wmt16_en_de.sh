@@ -15,7 +15,7 @@
 # restarted"). Evaluation: last checkpoint, beam 5, length penalty 1.0, the soft layer weights (the
 # expectation of training's z; docs/latent_depth_transformer.md, "Decoding"). The paper prunes with
 # hard selection once q is near-discrete: prune_latent_layers (it warns when q is not) gives that
-# model, whose decoding equals --model-overrides "{'latent_inference': 'hard'}".
+# model, whose decoding equals hard selection (--latent-inference hard) on the latent one.
 set -euo pipefail
 DATA="$1"; shift
 ARCH="${ARCH:-latent_depth_transformer_lld_12_24}"

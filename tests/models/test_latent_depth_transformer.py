@@ -310,3 +310,23 @@ def test_sampled_inference_needs_the_encoders_noise():
     del encoder_out["latent_noise_decoder"]
     with pytest.raises(ValueError, match="sampled latent inference needs per-sentence noise for the decoder"):
         model.decoder(prev, encoder_out=encoder_out)
+
+
+def test_a_bilingual_lld_checkpoint_decodes_sampled():
+    """LL-D keeps fairseq's encoder, which cannot draw the sentences' noise: with --latent-inference
+    sampled (e.g. --model-overrides at decoding) the encoder is the latent-depth one, with the
+    same parameters, so a checkpoint trained with the stock encoder loads into it."""
+    trained = build_model("latent_depth_transformer", FLAGS, vocab_size=VOCAB)
+    sampled = build_model("latent_depth_transformer", FLAGS + ["--latent-inference", "sampled"], vocab_size=VOCAB)
+    sampled.load_state_dict(trained.state_dict())  # strict: the same parameter names
+    assert type(sampled.encoder).__name__ == "LatentDepthEncoder"
+    extra = sampled.eval()(*batch())[1]
+    assert extra["latent_samples_decoder"][0].shape == (1, 3)
+
+
+def test_no_recipe_or_study_decodes_with_hard_selection():
+    """Issue 32: hard selection on an undecided posterior runs a depth training never sampled."""
+    from conftest import REPO
+    for path in [*REPO.glob("examples/**/*.sh"), *REPO.glob("examples/**/*.py")]:
+        text = path.read_text()
+        assert not re.search(r"""latent_inference['"]?\s*[:=]\s*['"]hard""", text), path
