@@ -46,3 +46,13 @@ def test_a_run_trains_its_updates_and_records_every_pairs_score(multi30k_dir, tm
     lines = [ln for ln in again.stdout.splitlines() if ln.startswith("| ours-objective_anchor-seed1 en-")]
     assert len(lines) == 3 and all(": BLEU = " in ln and "ratio = " in ln for ln in lines)
     assert "| ours-objective_anchor-seed1: 2 updates" in again.stdout
+
+
+def test_a_gap_counts_only_where_it_exceeds_the_seeds_spread():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("head_to_head", RUNNER)
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    assert runner.gap([35.0, 35.2], [30.0, 31.0]).endswith("exceeds the spread")
+    assert runner.gap([31.0, 33.0], [30.0, 32.0]).startswith("+1.00 (spread 2.83): within the spread")
+    assert runner.gap([35.0], [30.0, 31.0]) == "+4.50: fewer than two seeds, no verdict"

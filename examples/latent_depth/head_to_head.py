@@ -111,20 +111,43 @@ def mean_spread(values):
             f"({min(values):.2f}-{max(values):.2f}, n = {len(values)})")
 
 
+def mean_bleu(rows, system: str, mode: str):
+    """Each run's BLEU averaged over the pairs, for ``system`` decoded in ``mode``, by seed order."""
+    runs = sorted((r for r in rows if r["system"] == system and mode in r["decode"]), key=lambda r: r["seed"])
+    return [statistics.mean(r["decode"][mode][p]["bleu"] for p in PAIRS) for r in runs]
+
+
+def gap(a, b) -> str:
+    """The mean gap a − b, and whether it exceeds the seeds' spread (|gap| > sd_a + sd_b; needs
+    two seeds on each side)."""
+    if len(a) < 2 or len(b) < 2:
+        return f"{statistics.mean(a) - statistics.mean(b):+.2f}: fewer than two seeds, no verdict"
+    delta, spread = statistics.mean(a) - statistics.mean(b), statistics.stdev(a) + statistics.stdev(b)
+    return f"{delta:+.2f} (spread {spread:.2f}): {'exceeds' if abs(delta) > spread else 'within'} the spread"
+
+
 def report(args):
     rows = [json.loads(line) for line in args.results.read_text().splitlines()]
     print("| system | decoding | updates | updates/s | en→de | en→fr | en→cs | mean BLEU | length ratio en→de/fr/cs |")
     print("|---|---|---|---|---|---|---|---|---|")
+    modes = {}
     for system in SYSTEMS:
         mine = [r for r in rows if r["system"] == system]
-        for mode in sorted({m for r in mine for m in r["decode"]}):
+        modes[system] = sorted({m for r in mine for m in r["decode"]})
+        for mode in modes[system]:
             runs = [r for r in mine if mode in r["decode"]]
             bleu = {p: [r["decode"][mode][p]["bleu"] for r in runs] for p in PAIRS}
             ratio = "/".join(f"{statistics.mean(r['decode'][mode][p]['ratio'] for r in runs):.2f}" for p in PAIRS)
-            means = [statistics.mean(r["decode"][mode][p]["bleu"] for p in PAIRS) for r in runs]
             print(f"| {system} | {mode} | {statistics.mean(r['updates'] for r in runs):.0f} | "
                   f"{statistics.mean(r['updates_per_s'] for r in runs):.3f} | "
-                  + " | ".join(mean_spread(bleu[p]) for p in PAIRS) + f" | **{mean_spread(means)}** | {ratio} |")
+                  + " | ".join(mean_spread(bleu[p]) for p in PAIRS)
+                  + f" | **{mean_spread(mean_bleu(rows, system, mode))}** | {ratio} |")
+    anchor = mean_bleu(rows, "anchor", "sampled")
+    if anchor:
+        print("\nMean BLEU against the anchor decoded as it trains (sampled):\n")
+        for system in [s for s in SYSTEMS if s != "anchor"]:
+            for mode in modes[system]:
+                print(f"- {system}, {mode}: {gap(mean_bleu(rows, system, mode), anchor)}")
 
 
 def main(argv=None):
