@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --arch) ARCH="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); set --; break ;;  # the rest is fairseq-train's, not setup.sh's
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
