@@ -170,8 +170,9 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
                              "pair); with one posterior the KL to it is 0: use uniform or beta")
         return probs.mean(0, keepdim=True).detach()
 
-    def stacks(self, extra, probs_key="latent_probs"):
-        stacks = [s for s in STACKS if f"{probs_key}_{s}" in extra]
+    def stacks(self, extra):
+        """The latent stacks in ``extra``. Raises ``ValueError`` if there are none, or K exceeds one's depth."""
+        stacks = [s for s in STACKS if f"latent_probs_{s}" in extra]
         if not stacks:
             raise ValueError("latent_depth_label_smoothed_cross_entropy needs a model with latent layers "
                              "(extra has no latent_probs_encoder/latent_probs_decoder)")
