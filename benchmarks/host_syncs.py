@@ -8,7 +8,8 @@ scalable model makes a pass (forward, backward) for each width of ``--widths`` (
 training visits every width), the others one. After ``--warmup`` steps,
 ``torch.cuda.set_sync_debug_mode("warn")`` turns every synchronising call into a warning; they
 are counted over ``--steps`` steps, attributed to the Python line that made them, and divided by
-the passes. The last line is one JSON object: syncs per pass for each system.
+the passes. The last line is one JSON object: syncs per pass for each system, and per system the
+``file:line code`` sites with their syncs per pass.
 
     python benchmarks/host_syncs.py [--batch-size 32] [--src-len 30] [--tgt-len 30] [--steps 3]
 """
@@ -105,13 +106,13 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (sync debug mode is CUDA's)")
-    result = {}
+    result, sites = {}, {}
     for name in args.systems.split(","):
         arch, flags = SYSTEMS[name]
-        per_pass, where = count(arch, flags, args)
-        result[name] = per_pass
-        print(f"{name:26s} {per_pass:6.1f} syncs per pass  " + "\n    ".join(f"x{v:g}  {k}" for k, v in where.items()))
-    print(json.dumps({"syncs_per_pass": result, "device": torch.cuda.get_device_name()}))
+        result[name], sites[name] = count(arch, flags, args)
+        print(f"{name:26s} {result[name]:6.1f} syncs per pass  "
+              + "\n    ".join(f"x{v:g}  {k}" for k, v in sites[name].items()))
+    print(json.dumps({"syncs_per_pass": result, "sites": sites, "device": torch.cuda.get_device_name()}))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ import sys
 import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
-from fairseq_widearch.cli.stats import count_macs, param_counts
+from fairseq_widearch.experiments.counting import count_macs, param_counts
+from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model
 from malloc_modes import both_modes
 from on_device import add_arguments, check, clock, describe, to
@@ -45,13 +46,6 @@ def models(dim, heads, vocab):
         "deep24": build_model("transformer", common + ["--encoder-layers", "24", "--encoder-normalize-before",
                                                        "--decoder-normalize-before"], vocab_size=vocab),
     }
-
-
-def make_batches(n, bsz, src_len, tgt_len, vocab, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randint(4, vocab, (bsz, src_len), generator=g), torch.full((bsz,), src_len),
-             torch.randint(4, vocab, (bsz, tgt_len), generator=g), torch.randint(4, vocab, (bsz, tgt_len), generator=g))
-            for _ in range(n)]
 
 
 def train_steps(model, optimizer, batches, args):
@@ -75,7 +69,7 @@ def measure(args):
     stats = {name: {**param_counts(m), "macs": count_macs(m, args.src_len, args.tgt_len)} for name, m in ms.items()}
     ms = {name: to(m, args).train() for name, m in ms.items()}
     opts = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in ms.items()}
-    batches = to(make_batches(args.steps, args.batch_size, args.src_len, args.tgt_len, args.vocab), args)
+    batches = to(random_training_batches(args.steps, args.batch_size, args.src_len, args.tgt_len, args.vocab), args)
     tokens_per_round = args.steps * args.batch_size * (args.src_len + args.tgt_len)
 
     for name in ms:  # warm-up (allocator, kernels) outside the measurement

@@ -9,7 +9,9 @@ parameters. Then both train ``--updates`` updates with the comparison's settings
 lr 0.003, inverse sqrt with 300 warm-up updates, dropout, attention and activation dropout 0.1,
 label smoothing 0.1, 4,096 tokens per batch, seed ``--seed``) through ``fairseq-train``, and the
 training loss (base 2, as fairseq logs it) over the last 50 updates is printed. The last line is
-one JSON object; ``ratio`` = PartialFormer's loss minus the Transformer's (target <= 0.2).
+one JSON object (per system: the range of the sub-layer output RMS, the residual stream's, the
+gradient norm, the training loss); ``ratio`` = PartialFormer's loss minus the Transformer's (target
+<= 0.2). ``--updates 0`` measures the init-time scales alone.
 
     python benchmarks/partialformer_init_scale.py --data DATA_BIN [--updates 450] [--seed 1] [--flags "..."]
 
@@ -31,12 +33,10 @@ import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq.data import Dictionary, data_utils
 from fairseq_widearch.model_builder import build_model
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples" / "compare"))
-from compare import BODY, OPTIMISATION  # noqa: E402  (the comparison's body and settings)
+from fairseq_widearch.experiments.settings import BODY, OPTIMISATION, PRE_NORM
 
-TRANSFORMER = [*BODY, "--encoder-layers", "4", "--decoder-layers", "4", "--encoder-normalize-before",
-               "--decoder-normalize-before"]
+ROOT = Path(__file__).resolve().parents[1]
+TRANSFORMER = [*BODY, "--encoder-layers", "4", "--decoder-layers", "4", *PRE_NORM]
 SYSTEMS = {"transformer": ("transformer", TRANSFORMER), "partialformer": ("partialformer_multi30k", [])}
 TRAIN = ["--cpu", "--num-workers", "0", *OPTIMISATION, "--criterion", "label_smoothed_cross_entropy",
          "--log-format", "simple", "--log-interval", "1", "--no-save", "--disable-validation"]
@@ -130,7 +130,9 @@ def main():
                   f"{result[name]['train_loss']:.3f}")
     print(json.dumps({"benchmark": "partialformer_init_scale", "flags": args.flags, "seed": args.seed,
                       "updates": args.updates,
-                      **{name: {k: v for k, v in r.items() if k != "sublayer_rms"} for name, r in result.items()},
+                      **{name: {**{k: v for k, v in r.items() if k != "sublayer_rms"},
+                                "sublayer_rms_range": [min(r["sublayer_rms"].values()), max(r["sublayer_rms"].values())]}
+                         for name, r in result.items()},
                       "ratio": round(result["partialformer"].get("train_loss", 0)
                                      - result["transformer"].get("train_loss", 0), 3)}))
 

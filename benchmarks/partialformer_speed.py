@@ -25,7 +25,8 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch.utils.flop_counter import FlopCounterMode
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
-from fairseq_widearch.cli.stats import param_counts
+from fairseq_widearch.experiments.counting import param_counts
+from fairseq_widearch.experiments.data import random_source_batches
 from fairseq_widearch.model_builder import build_model
 from on_device import add_arguments, check, clock, describe, to
 
@@ -36,12 +37,6 @@ TRANSFORMER_24_6_D360 = ["--encoder-layers", "24", "--encoder-embed-dim", "360",
 def models(vocab):
     return {"partialformer_24_6_d360_h30_16": build_model("partialformer_24_6_d360_h30_16", vocab_size=vocab).eval(),
             "transformer_24_6_d360": build_model("transformer", TRANSFORMER_24_6_D360, vocab_size=vocab).eval()}
-
-
-def make_batches(n, bsz, src_len, vocab, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [{"net_input": {"src_tokens": torch.randint(4, vocab, (bsz, src_len), generator=g),
-                           "src_lengths": torch.full((bsz,), src_len)}} for _ in range(n)]
 
 
 def generator(model, args):
@@ -80,7 +75,7 @@ def main(argv=None):
     check(p, args)
     torch.manual_seed(0)
     gens = {name: generator(to(m, args), args) for name, m in models(args.vocab).items()}
-    batches = to(make_batches(args.batches, args.batch_size, args.src_len, args.vocab), args)
+    batches = to(random_source_batches(args.batches, args.batch_size, args.src_len, args.vocab), args)
     result = {name: {"params": param_counts(gen.model.models[0])["params"], "macs_per_sentence": decode_macs(gen, batches[0])}
               for name, gen in gens.items()}
     for gen in gens.values():  # warm-up: first-call allocations (and CUDA's kernel loading) are not timed

@@ -30,11 +30,12 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.cli.export_subnet import build, export_model
+from fairseq_widearch.experiments.data import random_source_batches
 from fairseq_widearch.criterions.scalable_self_distillation import ScalableSelfDistillationCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary, parse_arch_args
 from fairseq_widearch.tasks.scalable_translation import ScalableTranslationConfig, ScalableTranslationTask
 from on_device import add_arguments, check, clock, describe, to
-from partialformer_speed import decode, generator, make_batches
+from partialformer_speed import decode, generator
 
 FAIRSEQ_512 = ["--encoder-embed-dim", "512", "--encoder-ffn-embed-dim", "2048", "--encoder-attention-heads", "8",
                "--decoder-attention-heads", "8", "--share-all-embeddings"]
@@ -141,7 +142,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     check(p, args)
     torch.manual_seed(0)
-    batches = to(make_batches(args.batches, args.batch_size, args.src_len, args.vocab), args)
+    batches = to(random_source_batches(args.batches, args.batch_size, args.src_len, args.vocab), args)
     parent, sub, native = exported([], args.width, args.vocab)
     speeds = race({"exported": sub, "native": native, "parent_cropped": parent}, batches, args)
     del parent, sub, native

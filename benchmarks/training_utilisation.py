@@ -9,7 +9,7 @@ depth: measured at 1 and 2 layers). System and twin train on the same random bat
 cross-entropy, backward, Adam), alternating rounds in one process. MFU = training FLOPs per step
 (matmuls of forward and backward, counted by ``torch.utils.flop_counter`` on one step; a routed or
 gated model counts what it computes) × steps per second / the device's matmul peak in the same
-dtype (``fairseq_widearch.cli.stats.matmul_peak_flops``). A scalable model trains as its widest
+dtype (``fairseq_widearch.experiments.counting.matmul_peak_flops``). A scalable model trains as its widest
 sub-Transformer. The last line is one JSON object; each system's ``ratio`` = its MFU / its twin's
 (1.0: the design keeps the device as busy as the Transformer does).
 
@@ -23,9 +23,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
-from fairseq_widearch.cli.stats import matmul_peak_flops, param_counts
+from fairseq_widearch.experiments.counting import matmul_peak_flops, param_counts
+from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model, parse_arch_args
-from multipath_throughput import make_batches
 from on_device import DTYPES, add_arguments, check, clock, describe, to, training_loss
 
 SYSTEMS = ("multipath_transformer_6l_4p", "widenet_wmt_en_de", "scalable_transformer_wmt_en_de",
@@ -105,7 +105,7 @@ def main(argv=None):
     check(p, args)
     torch.manual_seed(0)
     peak = matmul_peak_flops(args.device, DTYPES[args.dtype], n=8192 if args.device == "cuda" else 2048)
-    batches = to(make_batches(args.steps, args.batch_size, args.src_len, args.tgt_len, args.vocab), args)
+    batches = to(random_training_batches(args.steps, args.batch_size, args.src_len, args.tgt_len, args.vocab), args)
     results = {}
     for system in args.systems.split(","):
         results[system] = res = compare(system, batches, peak, args)

@@ -8,6 +8,7 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq_widearch.experiments.settings import criterion
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
@@ -20,6 +21,8 @@ TINY_ARCHS = sorted(name for name, cls in ARCH_MODEL_REGISTRY.items()
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (tests/cuda; skipped without one): pytest -m cuda")
+    config.addinivalue_line("markers", "slow: starts a training process or takes seconds; the fast tier is "
+                                       "pytest -m 'not slow and not cuda'")
     # pytest-xdist's, registered here too so that a run without xdist does not warn about it
     config.addinivalue_line("markers", "xdist_group(name): tests one xdist worker runs (--dist loadgroup)")
 
@@ -70,8 +73,7 @@ TRAIN_FLAGS = ["--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.
 
 def criterion_for(arch):
     """``--criterion`` flags for ``arch``: the criterion of its auxiliary losses, else label-smoothed CE."""
-    criterion = getattr(ARCH_MODEL_REGISTRY[arch], "auxiliary_criterion", None) or "label_smoothed_cross_entropy"
-    return ["--criterion", criterion]
+    return ["--criterion", criterion(arch)]
 
 
 def train(data, save_dir, arch, *extra, cwd=None, user_dir=None, max_update=3, validate=False):

@@ -20,6 +20,7 @@ def trained(request, multi30k_bin, tmp_path_factory):
     return request.param, save
 
 
+@pytest.mark.slow
 def test_stock_fairseq_alone_refuses_its_own_checkpoint(trained):
     """The problem this plugin fixes: without it, torch's weights-only loading rejects fairseq's
     checkpoints (they hold an argparse.Namespace)."""
@@ -31,12 +32,14 @@ def test_stock_fairseq_alone_refuses_its_own_checkpoint(trained):
     assert proc.returncode == 3
 
 
+@pytest.mark.slow
 def test_load_model_ensemble(trained):
     arch, save = trained
     models, cfg = checkpoint_utils.load_model_ensemble([str(save / "checkpoint_last.pt")])
     assert cfg.model.arch == arch and len(models) == 1
 
 
+@pytest.mark.slow
 def test_training_resumes_from_checkpoint_last(trained, multi30k_bin):
     arch, save = trained
     log = train(multi30k_bin, save, arch, max_update=4).stdout
@@ -44,6 +47,7 @@ def test_training_resumes_from_checkpoint_last(trained, multi30k_bin):
     assert "num_updates 4" in log
 
 
+@pytest.mark.slow
 def test_fairseq_interactive_translates_with_the_checkpoint(trained, multi30k_bin):
     _, save = trained
     proc = __import__("subprocess").run(
@@ -85,6 +89,7 @@ def test_omegaconf_configs_in_old_checkpoints_load(tmp_path):
     assert state["cfg"].model.arch == "transformer"
 
 
+@pytest.mark.slow
 def test_average_checkpoints_of_the_last_updates(multi30k_bin, tmp_path):
     """The average of the last two interval checkpoints, loadable for decoding."""
     train(multi30k_bin, tmp_path, "transformer_tiny", "--save-interval-updates", "1", "--keep-interval-updates", "-1",

@@ -1,29 +1,44 @@
-"""examples/claims/study.py on its tiny claims: two `_tiny` runs, one resumed, skipped once done; the
-scalable model's three stages."""
+"""The claims study (fairseq_widearch.experiments.study) on tiny claims of its own: two `_tiny` runs,
+one resumed, skipped once done; the scalable model's three stages."""
+import contextlib
+import io
 import json
-import sys
+import os
 from argparse import Namespace
+from unittest import mock
 
 import pytest
 import torch
 
-from conftest import REPO, run, train
+from conftest import REPO, train
+from fairseq_widearch.experiments import runner, study
+from fairseq_widearch.experiments.claims import SCALABLE_TASK, Claim, System
 
-sys.path.insert(0, str(REPO / "examples" / "claims"))
-import study  # noqa: E402
-
-STUDY = REPO / "examples" / "claims" / "study.py"
+#: The study's machinery on two `_tiny` presets, and the scalable path (three stages, distillation,
+#: per-width scoring) on `scalable_transformer_tiny`: not paper claims.
+TINY = {claim.name: claim for claim in [
+    Claim("tiny", "smoke test: two tiny presets",
+          (System("widenet_tiny", ("--arch", "widenet_tiny")),
+           System("multipath_transformer_tiny", ("--arch", "multipath_transformer_tiny"))),
+          (("widenet_tiny", "multipath_transformer_tiny"),)),
+    Claim("tiny_scalable", "smoke test: the scalable path on its tiny preset",
+          (System("scalable_tiny", ("--arch", "scalable_transformer_tiny", *SCALABLE_TASK), widths=(64, 128)),),
+          ()),
+]}
 
 
 def run_study(data, work, max_epoch=2, claims="tiny", results=None):
-    """The study's ``claims`` in ``work`` (``results``: its results file, default in ``work``);
-    -> (its printed table, its result rows)."""
+    """The study's ``claims`` of :data:`TINY` in ``work`` (``results``: its results file, default in
+    ``work``), in this process (its environment restored after); -> (its printed table, its result rows)."""
     root = data.parent
-    out = run([sys.executable, STUDY, "--data", data, "--bpe-codes", root / "bpe" / "codes", "--ref",
-               root / "test.ref.de", "--work-dir", work, "--claims", claims, "--max-epoch", max_epoch,
-               "--beam", 1, "--max-len-b", 8,  # untrained models would loop to 200 tokens
-               *(["--results", results] if results else [])]).stdout
-    return out, [json.loads(line) for line in (results or work / "results.jsonl").read_text().splitlines()]
+    argv = ["--data", data, "--bpe-codes", root / "bpe" / "codes", "--ref", root / "test.ref.de", "--work-dir", work,
+            "--claims", claims, "--max-epoch", max_epoch, "--beam", 1,
+            "--max-len-b", 8,  # untrained models would loop to 200 tokens
+            *(["--results", results] if results else [])]
+    out = io.StringIO()
+    with mock.patch.dict(os.environ), contextlib.redirect_stdout(out):
+        study.main([str(a) for a in argv], claims=TINY)
+    return out.getvalue(), [json.loads(line) for line in (results or work / "results.jsonl").read_text().splitlines()]
 
 
 def without_timing(rows):
@@ -31,10 +46,11 @@ def without_timing(rows):
                   key=lambda r: (r["system"], r["seed"]))
 
 
+@pytest.mark.slow
 def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_bin, tmp_path):
     _, whole = run_study(multi30k_bin, tmp_path / "whole")
     # An interrupted run: the first system trained for one epoch, nothing scored yet.
-    claim = study.CLAIMS["tiny"]
+    claim = TINY["tiny"]
     interrupted = study.run_dir(tmp_path / "resumed", claim, claim.systems[0], 1)
     study.fairseq_train(Namespace(device="cpu", max_epoch=1, patience=3), multi30k_bin, claim.systems[0].flags,
                         interrupted, 1)
@@ -75,9 +91,10 @@ def test_a_second_seed_only_where_the_design_is_within_1_bleu_of_a_baseline():
     assert study.close_claims(rows, [claim]) == [claim]
 
 
+@pytest.mark.slow
 def test_the_scalable_path_trains_three_stages_and_scores_every_width(multi30k_bin, tmp_path):
     _, rows = run_study(multi30k_bin, tmp_path, max_epoch=1, claims="tiny_scalable")
-    run = study.run_dir(tmp_path, study.CLAIMS["tiny_scalable"], study.CLAIMS["tiny_scalable"].systems[0], 1)
+    run = study.run_dir(tmp_path, TINY["tiny_scalable"], TINY["tiny_scalable"].systems[0], 1)
     stage3 = (run / "stage3" / "train.log").read_text()
     # stage 3 fine-tunes the stage-2 model on its own outputs for the training set
     assert f"Loaded checkpoint {run / 'stage2' / 'checkpoint_last.pt'}" in stage3
@@ -88,7 +105,7 @@ def test_the_scalable_path_trains_three_stages_and_scores_every_width(multi30k_b
     assert narrow["params"] < wide["params"]
     # each width validated and decoded as its own sub-Transformer, not the widest twice
     assert narrow["valid_loss"] != wide["valid_loss"]
-    assert len(study.curve(run, study.CLAIMS["tiny_scalable"].systems[0])) == 3  # stages 1-3, an epoch each
+    assert len(study.curve(run, TINY["tiny_scalable"].systems[0])) == 3  # stages 1-3, an epoch each
     # Interrupted after training, before its rows were written: scored again, no stage retrained.
     logs = {p: p.stat().st_size for p in run.rglob("train.log")}
     (tmp_path / "results.jsonl").unlink()
@@ -144,7 +161,7 @@ def validation_log(save, losses):
 
 
 def test_progress_says_where_every_run_stands_from_its_logs_or_its_row(tmp_path):
-    claims = [study.CLAIMS["partialformer"], study.CLAIMS["tiny_scalable"]]
+    claims = [study.CLAIMS["partialformer"], TINY["tiny_scalable"]]
     partialformer, transformer = claims[0].systems
     validation_log(study.run_dir(tmp_path, claims[0], partialformer, 1), [5.1, 4.6, 4.7])
     scalable = study.run_dir(tmp_path, claims[1], claims[1].systems[0], 1)
@@ -203,16 +220,17 @@ def test_the_kept_results_file_names_only_the_study_systems_and_carries_every_sc
 
 
 def test_a_run_started_with_other_flags_is_not_resumed_under_new_ones(tmp_path):
-    claim = study.CLAIMS["tiny"]
+    claim = TINY["tiny"]
     args, save = Namespace(device="cpu", max_epoch=1, patience=3), tmp_path / "run"
-    study.same_training(save, ["--arch", "widenet_tiny", "--finetune-from-model", tmp_path / "a" / "last.pt"])
+    runner.same_training(save, ["--arch", "widenet_tiny", "--finetune-from-model", tmp_path / "a" / "last.pt"])
     # the same flags in a moved work directory, or a raised --max-epoch, resume
-    study.same_training(save, ["--arch", "widenet_tiny", "--finetune-from-model", tmp_path / "b" / "last.pt"])
+    runner.same_training(save, ["--arch", "widenet_tiny", "--finetune-from-model", tmp_path / "b" / "last.pt"])
     with pytest.raises(ValueError, match="other flags"):
         study.fairseq_train(args, tmp_path, claim.systems[0].flags, save, 1)
     assert not (save / "train.log").exists()
 
 
+@pytest.mark.slow
 def test_a_latent_depth_row_names_the_layers_hard_selection_keeps(multi30k_bin, tmp_path):
     train(multi30k_bin, tmp_path, "latent_depth_transformer_tiny", max_update=1)  # LL-Both: 2 + 3 latent layers
     checkpoint = tmp_path / "checkpoint_last.pt"

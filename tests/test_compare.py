@@ -1,12 +1,7 @@
-"""The comparison's measurements (examples/compare/compare.py)."""
-import sys
-
+"""The comparison's measurements (fairseq_widearch.experiments.compare)."""
 import pytest
 
-from conftest import REPO
-
-sys.path.insert(0, str(REPO / "examples" / "compare"))
-import compare  # noqa: E402
+from fairseq_widearch.experiments import compare
 
 
 def epoch_line(epoch, updates, wall):
@@ -39,8 +34,9 @@ def test_the_table_gives_mean_and_spread_over_seeds_and_the_side_by_side_speed()
                                "not measured | not measured |")
 
 
+@pytest.mark.slow
 def test_training_flops_per_token_count_forward_and_backward(tiny_checkpoint, multi30k_bin):
-    from fairseq_widearch.cli.stats import count_macs
+    from fairseq_widearch.experiments.counting import count_macs
     from fairseq import checkpoint_utils
     checkpoint = tiny_checkpoint("partialformer_tiny") / "checkpoint_last.pt"
     per_token = compare.training_flops_per_token(checkpoint, str(multi30k_bin), batches=2)
@@ -50,6 +46,7 @@ def test_training_flops_per_token_count_forward_and_backward(tiny_checkpoint, mu
     assert 2 * forward < per_token < 5 * forward
 
 
+@pytest.mark.slow
 def test_side_by_side_throughput_times_every_system_in_one_process(tiny_checkpoint, multi30k_bin):
     checkpoints = {arch: tiny_checkpoint(arch) / "checkpoint_last.pt"
                    for arch in ("partialformer_tiny", "multipath_transformer_tiny")}

@@ -4,9 +4,10 @@ import re
 import pytest
 import torch
 from fairseq import checkpoint_utils
+from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_widearch.model_builder import build_model
-from conftest import REPO, TINY_ARCHS, ddp_train, fairseq_cli, run, train
+from conftest import PLUGIN_MODELS, REPO, TINY_ARCHS, ddp_train, fairseq_cli, run, train
 
 VOCAB = 40
 PAD = 1
@@ -23,8 +24,12 @@ def batch(seed=0, bsz=3, src_len=7, tgt_len=6):
     return src, src_lengths, prev
 
 
-def test_plugin_registers_tiny_presets():
-    assert "multipath_transformer_tiny" in TINY_ARCHS
+def test_the_suite_covers_every_architecture_through_its_tiny_preset():
+    """A `_tiny` preset that disappears (or an architecture without one) fails here instead of
+    silently shrinking every parametrized test below."""
+    assert TINY_ARCHS == sorted(f"{arch}_tiny" for arch in ("multipath_transformer", "widenet", "scalable_transformer",
+                                                           "latent_depth_transformer", "partialformer"))
+    assert {ARCH_MODEL_REGISTRY[arch] for arch in TINY_ARCHS} == PLUGIN_MODELS
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -104,6 +109,7 @@ def test_save_load_round_trip_gives_identical_outputs(arch, tmp_path):
         assert torch.equal(model(src, lengths, prev)[0], other(src, lengths, prev)[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_train_then_generate_on_real_data(arch, multi30k_bin, tmp_path):
     """fairseq-train --user-dir fairseq_widearch from the repo root, then fairseq-generate, then
@@ -130,6 +136,7 @@ DDP_CASES = [(arch, []) for arch in TINY_ARCHS] + [
     ("widenet_tiny", ["--widenet-router-per-block", "--widenet-routing-groups", "1"])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["legacy_ddp", "pytorch_ddp"])
 @pytest.mark.parametrize("arch,flags", DDP_CASES)
 def test_two_rank_data_parallel_ends_with_identical_parameters(arch, flags, backend, multi30k_bin, tmp_path):
@@ -213,3 +220,20 @@ UNAPPLIED = [("multipath_transformer_tiny", ["--quant-noise-pq", "0.1"]),
 def test_fairseq_flags_the_layers_do_not_apply_fail_at_build_naming_the_flag(arch, argv):
     with pytest.raises(ValueError, match=re.escape(argv[0])):
         build_model(arch, argv, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_full_context_alignment_drops_the_causal_mask_as_fairseq_does(arch):
+    """fairseq's decoder with ``full_context_alignment`` lets every target position see the whole
+    target prefix (alignment training); without it the first position ignores later tokens."""
+    torch.manual_seed(0)
+    model = build_model(arch, vocab_size=VOCAB).eval()
+    src, lengths, prev = batch()
+    changed = prev.clone()
+    changed[:, -1] = (prev[:, -1] + 1 - 4) % (VOCAB - 4) + 4  # another real token at the last position
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lengths)
+        first = {full: [model.decoder(p, encoder_out=enc, full_context_alignment=full)[0][:, 0] for p in (prev, changed)]
+                 for full in (False, True)}
+    torch.testing.assert_close(*first[False])
+    assert not torch.allclose(*first[True])

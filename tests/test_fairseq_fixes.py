@@ -60,6 +60,7 @@ def test_one_training_epoch_visits_every_sentence(multi30k_bin):
     assert sorted(ids.tolist()) == list(range(size))
 
 
+@pytest.mark.slow
 def test_generate_emits_one_hypothesis_per_sentence_for_a_stock_transformer(multi30k_bin, tmp_path):
     train(multi30k_bin, tmp_path, "transformer", *STOCK_TINY, max_update=1)
     gen = run([fairseq_cli("generate"), multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--path",
@@ -72,6 +73,7 @@ def test_generate_emits_one_hypothesis_per_sentence_for_a_stock_transformer(mult
 @pytest.mark.parametrize("arch,criterion", [("widenet_tiny", "moe_label_smoothed_cross_entropy"),
                                             ("latent_depth_transformer_tiny",
                                              "latent_depth_label_smoothed_cross_entropy")])
+@pytest.mark.slow
 def test_training_without_the_auxiliary_criterion_stops_at_start_up(arch, criterion, multi30k_bin, tmp_path):
     with pytest.raises(AssertionError) as failure:
         train(multi30k_bin, tmp_path, arch, "--criterion", "label_smoothed_cross_entropy")
@@ -99,6 +101,7 @@ def epochs_trained(data, save_dir, max_epoch):
     return [int(n) for n in re.findall(r"end of epoch (\d+)", out)]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_its_patience(multi30k_bin, tmp_path):
     # Uninterrupted: epoch 1 sets the best, epochs 2 and 3 do not improve on it, so it stops after 3.
     assert epochs_trained(multi30k_bin, tmp_path / "whole", 10) == [1, 2, 3]

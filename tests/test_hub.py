@@ -5,6 +5,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from conftest import TINY_ARCHS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_from_pretrained_translates_raw_text(arch, multi30k_bin, tiny_checkpoint):
     hub = ARCH_MODEL_REGISTRY[arch].from_pretrained(

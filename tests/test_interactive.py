@@ -22,6 +22,7 @@ def interactive(checkpoint, data, *extra):
                 "--max-source-positions", MAX_SOURCE_POSITIONS, *extra], input="\n".join(LINES) + "\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_empty_too_long_and_unknown_input_is_translated_or_skipped_with_a_warning(arch, multi30k_bin, tiny_checkpoint):
     proc = interactive(tiny_checkpoint(arch) / "checkpoint_last.pt", multi30k_bin,

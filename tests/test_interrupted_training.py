@@ -18,6 +18,7 @@ ARCH_FLAGS = {"scalable_transformer_tiny": ["--task", "scalable_translation", "-
                                             "--lambda2-anneal-updates", "4"]}
 
 
+@pytest.mark.slow
 def test_sigkill_after_a_checkpoint_then_the_same_command_resumes_and_finishes(multi30k_bin, tmp_path):
     cmd = [str(c) for c in [fairseq_cli("train"), multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--arch",
                             "multipath_transformer_tiny", "--save-dir", tmp_path, "--max-update", "40",
@@ -38,6 +39,7 @@ def test_sigkill_after_a_checkpoint_then_the_same_command_resumes_and_finishes(m
         "num_updates"] == 40
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_n_plus_n_updates_with_a_resume_equal_2n_uninterrupted(arch, multi30k_bin, tmp_path):
     extra = ARCH_FLAGS.get(arch, [])
@@ -51,6 +53,7 @@ def test_n_plus_n_updates_with_a_resume_equal_2n_uninterrupted(arch, multi30k_bi
         assert torch.equal(whole[name], split[name]), f"{name} differs after the resume"
 
 
+@pytest.mark.slow
 def test_unreadable_checkpoints_fail_naming_the_file(multi30k_bin, tmp_path):
     train(multi30k_bin, tmp_path, "multipath_transformer_tiny", max_update=1)
     last = tmp_path / "checkpoint_last.pt"

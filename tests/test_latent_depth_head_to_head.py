@@ -1,11 +1,13 @@
 """The latent-depth head-to-head (examples/latent_depth/head_to_head.py over multi30k_o2m.sh): a run
-trains its fixed number of updates, each pair's sacreBLEU line is the score (not score.py's header),
+trains its fixed number of updates, each pair's sacreBLEU line is the score (not the scorer's header),
 and the row and the report carry it."""
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conftest import REPO
 
@@ -22,6 +24,7 @@ def small_multi30k(src, dst, lines=((("train", 300), ("val", 8), ("test_2016_fli
     return dst
 
 
+@pytest.mark.slow
 def test_a_run_trains_its_updates_and_records_every_pairs_score(multi30k_dir, tmp_path):
     data, results = small_multi30k(multi30k_dir, tmp_path / "raw"), tmp_path / "rows.jsonl"
     cmd = [sys.executable, RUNNER, "run", "--systems", "ours-objective_anchor", "--seeds", "1", "--max-update", "2",

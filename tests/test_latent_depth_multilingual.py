@@ -31,6 +31,7 @@ def trained(multi30k_o2m_bin, tmp_path_factory):
     return save / "checkpoint_last.pt", log
 
 
+@pytest.mark.slow
 def test_one_posterior_per_pair_trained_with_the_aggregated_prior(trained):
     checkpoint, log = trained
     state = torch.load(checkpoint)
@@ -40,6 +41,7 @@ def test_one_posterior_per_pair_trained_with_the_aggregated_prior(trained):
     assert "latent_kl " in line and "latent_depth_decoder " in line, line
 
 
+@pytest.mark.slow
 def test_pruned_for_one_pair_decodes_without_the_plugin_like_hard_selection(trained, multi30k_o2m_bin, tmp_path):
     checkpoint, _ = trained
     state = torch.load(checkpoint)
@@ -58,6 +60,7 @@ def test_pruned_for_one_pair_decodes_without_the_plugin_like_hard_selection(trai
     assert len(plain) > 100 and plain == latent
 
 
+@pytest.mark.slow
 def test_language_tokens_that_cannot_tell_the_pairs_apart_fail_naming_the_flag(multi30k_o2m_bin, tmp_path):
     with pytest.raises(AssertionError, match="--encoder-langtok src gives the language pairs"):
         train(multi30k_o2m_bin, tmp_path, "latent_depth_transformer_tiny", *PAIRS, "--encoder-langtok", "src")
@@ -65,6 +68,7 @@ def test_language_tokens_that_cannot_tell_the_pairs_apart_fail_naming_the_flag(m
         train(multi30k_o2m_bin, tmp_path, "latent_depth_transformer_tiny", *PAIRS)
 
 
+@pytest.mark.slow
 def test_layer_utilization_plot_from_checkpoints(trained, tmp_path):
     checkpoint, _ = trained
     out = tmp_path / "u.png"

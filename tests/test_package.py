@@ -1,6 +1,10 @@
 """Installation and registration: --user-dir from the repo root and from anywhere."""
+import ast
 import os
 import subprocess
+from pathlib import Path
+
+import pytest
 
 import fairseq_widearch
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
@@ -21,17 +25,71 @@ def _arch_help(user_dir, cwd):
                            "--help"], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_user_dir_from_the_repo_root():
     proc = _arch_help("fairseq_widearch", REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_user_dir_pointing_at_the_installed_package_from_anywhere(tmp_path):
     proc = _arch_help(os.path.dirname(fairseq_widearch.__file__), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_unregistered_arch_without_the_plugin(tmp_path):
     proc = subprocess.run([str(fairseq_cli("train")), "--arch", "multipath_transformer_tiny", "--help"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "invalid choice" in proc.stderr
+
+
+def _imports(package_dir):
+    """``{module: {plugin modules it imports anywhere in its file}}`` for the plugin's package, from
+    the source (function-level imports count: they tie two modules just as well)."""
+    root = package_dir.parent
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package_dir.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            edges.update(t for t in targets if t in modules and t != name)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph):
+    """Every import cycle, each as the list of its modules (DFS over the graph)."""
+    found, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_no_import_cycle_between_plugin_modules():
+    graph = _imports(Path(fairseq_widearch.__file__).parent)
+    assert "fairseq_widearch.modules.sub_transformers" in graph["fairseq_widearch.tasks.scalable_translation"]
+    # package __init__ files import their submodules; a submodule importing its own package back is the cycle
+    assert _cycles(graph) == []

@@ -15,6 +15,7 @@ def test_path_weight_diversity_is_figure_7s_measure():
     assert plot_path_weights.diversity(torch.tensor([1.0, 1.0, 3.0, 9.0]), 3) == pytest.approx((0 + 0.5 + 0.5) / 3)
 
 
+@pytest.mark.slow
 def test_path_weights_plot_has_one_row_per_multi_path_sublayer(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "paths.png"
     plot_path_weights.main([str(tiny_checkpoint("multipath_transformer_tiny") / "checkpoint_last.pt"), "--out", str(out)])
@@ -25,6 +26,7 @@ def test_path_weights_plot_has_one_row_per_multi_path_sublayer(tiny_checkpoint, 
     assert out.read_bytes()[:4] == PNG
 
 
+@pytest.mark.slow
 def test_path_weights_of_a_model_without_paths_is_an_error(tiny_checkpoint, tmp_path):
     with pytest.raises(SystemExit, match="no multi-path sub-layer"):
         plot_path_weights.main([str(tiny_checkpoint("widenet_tiny") / "checkpoint_last.pt"),
@@ -36,6 +38,7 @@ def expert_load(checkpoint, data, out, *extra):
                                   "--max-sentences", "200", *extra])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("routing", [[], ["--inference-routing"]])
 def test_expert_load_per_block_and_dropped_rate(routing, tiny_checkpoint, multi30k_bin, tmp_path, capsys):
     out = tmp_path / "load.png"
@@ -51,11 +54,13 @@ def test_expert_load_per_block_and_dropped_rate(routing, tiny_checkpoint, multi3
     assert out.read_bytes()[:4] == PNG
 
 
+@pytest.mark.slow
 def test_expert_load_of_a_dense_model_is_an_error(tiny_checkpoint, multi30k_bin, tmp_path):
     with pytest.raises(SystemExit, match="no MoE router"):
         expert_load(tiny_checkpoint("partialformer_tiny") / "checkpoint_last.pt", multi30k_bin, tmp_path / "x.png")
 
 
+@pytest.mark.slow
 def test_scalable_widths_plot_bleu_and_loss_per_width(tiny_checkpoint, multi30k_bin, tmp_path, capsys):
     bleu = tmp_path / "bleu.jsonl"
     bleu.write_text(json.dumps({"label": "stage 1", "widths": ["64", "128"], "bleu": [1.5, 2.5]}) + "\n"

@@ -34,6 +34,7 @@ def hypotheses(data, checkpoint, *extra):
     return sorted(line for line in out.splitlines() if line.startswith("H-"))
 
 
+@pytest.mark.slow
 def test_pruned_model_decodes_without_the_plugin_like_hard_selection(latent_checkpoint, multi30k_bin, tmp_path):
     pruned = tmp_path / "pruned.pt"
     proc = prune(latent_checkpoint, pruned)
@@ -46,6 +47,7 @@ def test_pruned_model_decodes_without_the_plugin_like_hard_selection(latent_chec
     assert len(plain) > 100 and plain == latent  # one eighth of the valid set
 
 
+@pytest.mark.slow
 def test_warns_when_pruning_a_posterior_that_is_not_near_discrete(latent_checkpoint, tmp_path):
     state = torch.load(latent_checkpoint)
     state["model"]["decoder.layer_select.logits"][0] = torch.tensor([3.0, -3.0, 0.3])  # q = 0.574: undecided
@@ -56,6 +58,7 @@ def test_warns_when_pruning_a_posterior_that_is_not_near_discrete(latent_checkpo
     assert "1 of 3 q(z = 1)" in proc.stderr and "encoder" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_clear_errors(latent_checkpoint, multi30k_bin, tmp_path):
     proc = prune(latent_checkpoint, tmp_path / "x.pt", "--threshold", "0.99")
     assert proc.returncode != 0 and "no encoder layer has q(z = 1) > 0.99" in proc.stderr

@@ -32,6 +32,7 @@ def logged(stdout, key):
     return [float(v) for v in re.findall(rf"\b{key}[= ]([\d.]+)", stdout)]
 
 
+@pytest.mark.slow
 def test_stages_log_every_term_and_validation_logs_three_widths(stages):
     _, first, second = stages
     assert logged(first, "widest_loss") and logged(first, "sub_loss") and not logged(first, "distill_loss")
@@ -53,6 +54,7 @@ def hypotheses(data, checkpoint, *extra):
     return sorted(line for line in out.splitlines() if line.startswith("H-"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width,layer_widths", [(64, None), (128, "64,128,128,64")])
 def test_exported_sub_transformer_decodes_like_its_parent(stages, multi30k_bin, width, layer_widths):
     root, _, _ = stages
@@ -77,6 +79,7 @@ def test_exported_sub_transformer_decodes_like_its_parent(stages, multi30k_bin, 
     assert len(parent_hyps) > 100 and hypotheses(multi30k_bin, out) == parent_hyps
 
 
+@pytest.mark.slow
 def test_export_errors_name_the_problem(stages, multi30k_bin, tmp_path):
     root, _, _ = stages
     proc = export("--checkpoint", root / "stage2" / "checkpoint_last.pt", "--width", "96", "--out", tmp_path / "x.pt")
@@ -87,6 +90,7 @@ def test_export_errors_name_the_problem(stages, multi30k_bin, tmp_path):
     assert proc.returncode != 0 and "holds a 'transformer_tiny' model, not a scalable_transformer" in proc.stderr
 
 
+@pytest.mark.slow
 def test_task_refuses_a_model_without_sub_transformers(multi30k_bin, tmp_path):
     with pytest.raises(AssertionError) as error:
         train(multi30k_bin, tmp_path, "transformer_tiny", "--task", "scalable_translation", max_update=1)
@@ -98,6 +102,7 @@ def search(checkpoint, data, *extra):
                            "--data", str(data), "--max-sentences", "40", *extra], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_search_ranks_type2_sub_transformers_under_a_macs_budget(stages, multi30k_bin):
     checkpoint = stages[0] / "stage2" / "checkpoint_last.pt"
     proc = search(checkpoint, multi30k_bin, "--num-samples", "15", "--top-k", "15")  # all 2^4 - 1 configurations
@@ -116,6 +121,7 @@ def test_search_ranks_type2_sub_transformers_under_a_macs_budget(stages, multi30
     assert proc.returncode != 0 and "--choices '96'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_stage3_targets_are_the_widest_models_filtered_beam_outputs(stages, multi30k_bin, tmp_path):
     root, _, _ = stages
     out = tmp_path / "distilled"
@@ -138,6 +144,7 @@ def test_stage3_targets_are_the_widest_models_filtered_beam_outputs(stages, mult
     assert logged(stage3, "distill_lambda")[0] == 0.9 and logged(stage3, "distill_loss")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["legacy_ddp", "pytorch_ddp"])
 def test_two_rank_data_parallel_distillation_trains_the_same_sub_transformers(backend, multi30k_bin, tmp_path):
     """Four forward/backward passes per update, all but the last without gradient synchronisation

@@ -2,6 +2,8 @@
 import json
 import sys
 
+import pytest
+
 from conftest import run
 
 
@@ -10,6 +12,7 @@ def stats(*argv):
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_stock_deep_prenorm_transformer():
     deep = stats("--arch", "transformer", "--encoder-layers", "24", "--encoder-normalize-before", "--vocab-size", "1000")
     base = stats("--arch", "transformer", "--vocab-size", "1000")
@@ -21,6 +24,7 @@ def test_stock_deep_prenorm_transformer():
     assert 18 * 20 * 3.1e6 < deep["macs"] - base["macs"] < 18 * 20 * 3.3e6
 
 
+@pytest.mark.slow
 def test_plugin_arch_and_its_flags():
     two = stats("--arch", "multipath_transformer_tiny", "--encoder-paths", "2", "--vocab-size", "100")
     four = stats("--arch", "multipath_transformer_tiny", "--encoder-paths", "4", "--vocab-size", "100")
@@ -30,6 +34,7 @@ def test_plugin_arch_and_its_flags():
     assert two["vocab_size"] == 100 and two["params_embedding"] == 3 * 100 * 32
 
 
+@pytest.mark.slow
 def test_bad_flag_value_is_a_clear_error():
     import subprocess
     proc = subprocess.run([sys.executable, "-m", "fairseq_widearch.cli.stats", "--arch", "multipath_transformer_tiny",

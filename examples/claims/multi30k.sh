@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Each paper's central claim in miniature on Multi30k En->De, every system trained to convergence
-# (docs/claims.md). Prepares the quick start's data, then runs examples/claims/study.py: each run
-# is independent and resumable, finished runs are skipped, so the study can run in parts.
+# (docs/claims.md). Prepares the quick start's data, then runs the claims study (python -m
+# fairseq_widearch.experiments.study, the claims in fairseq_widearch/experiments/claims.py): each
+# run is independent and resumable, finished runs are skipped, so the study can run in parts.
 #
 #   bash examples/claims/multi30k.sh [--claims multipath,widenet,scalable,latent_depth,partialformer]
 #        [--jobs N] [--device cpu|cuda] [--work-dir DIR] [--data-dir DIR] [--results FILE] [--figures DIR]
@@ -19,12 +20,12 @@ while [ $# -gt 0 ]; do
     --work-dir) WORK="$2"; shift 2 ;;
     --claims|--jobs|--device|--results|--figures) ARGS+=("$1" "$2"); shift 2 ;;
     --progress) ARGS+=("$1"); shift ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
 source "$ROOT/examples/multi30k/setup.sh"
 
-"$PY" "$ROOT/examples/claims/study.py" --data "$WORK/data/bin" --bpe-codes "$WORK/data/bpe/codes" \
+"$PY" -m fairseq_widearch.experiments.study --data "$WORK/data/bin" --bpe-codes "$WORK/data/bpe/codes" \
   --ref "$WORK/data/test.ref.de" --work-dir "$WORK/claims" "${ARGS[@]}"

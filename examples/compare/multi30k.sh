@@ -6,10 +6,10 @@
 # BLEU-vs-MACs figure.
 #
 #   bash examples/compare/multi30k.sh [--max-update 1320] [--seeds 1,2] [--minutes M] [--work-dir DIR]
-#                                     [--data-dir DIR] [--figure PNG] [--systems a,b,...]
+#                                     [--data-dir DIR] [--results FILE] [--figure PNG] [--systems a,b,...]
 #
-# About 6 x 2 runs of 15-25 minutes here. Running it again skips finished runs and resumes an
-# interrupted training.
+# About 6 x 2 runs of 15-25 minutes here (python -m fairseq_widearch.experiments.compare). Running
+# it again skips the runs --results holds and resumes an interrupted training.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --data-dir) DATA_DIR="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
-    --max-update|--seeds|--minutes|--figure|--systems) ARGS+=("$1" "$2"); shift 2 ;;
+    --max-update|--seeds|--minutes|--results|--figure|--systems) ARGS+=("$1" "$2"); shift 2 ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -29,5 +29,5 @@ done
 
 source "$ROOT/examples/multi30k/setup.sh"
 
-"$PY" "$ROOT/examples/compare/compare.py" --data "$WORK/data/bin" --bpe-codes "$WORK/data/bpe/codes" \
+"$PY" -m fairseq_widearch.experiments.compare --data "$WORK/data/bin" --bpe-codes "$WORK/data/bpe/codes" \
   --ref "$WORK/data/test.ref.de" --work-dir "$WORK/compare" "${ARGS[@]}"

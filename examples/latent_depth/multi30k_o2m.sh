@@ -130,7 +130,7 @@ for MODE in ${DECODE//,/ }; do
       --path "$SAVE/checkpoint_last.pt" --gen-subset test --cpu --beam 5 --lenpen 1.0 --batch-size 128 \
       --seed 1 --tokenizer moses --bpe subword_nmt --bpe-codes "$WORK/data/bpe/codes" "${OVERRIDES[@]}" \
       > "$OUT" 2> "${OUT%.txt}.log" || { tail -n 20 "${OUT%.txt}.log" >&2; exit 1; }
-    # score.py prints a header, the score, the signature: the score is the line meant
-    echo "| $NAME en-$TGT $MODE: $("$PY" "$ROOT/examples/multi30k/score.py" "$OUT" "$WORK/data/test.ref.$TGT" | sed -n 2p)"
+    # the scorer prints a header, the score, the signature: the score is the line meant
+    echo "| $NAME en-$TGT $MODE: $("$PY" -m fairseq_widearch.experiments.scoring "$OUT" "$WORK/data/test.ref.$TGT" | sed -n 2p)"
   done
 done

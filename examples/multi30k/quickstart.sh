@@ -50,18 +50,15 @@ SAVE="$WORK/checkpoints/$ARCH"
 mkdir -p "$SAVE"
 STOP_HOURS=$("$PY" -c "print($MINUTES / 60)")
 # the criterion that adds the arch's auxiliary losses (WideNet, latent depth), else label-smoothed CE
-if ! CRITERION=$("$PY" -c "import sys, fairseq_widearch; from fairseq.models import ARCH_MODEL_REGISTRY as R
-print(getattr(R[sys.argv[1]], 'auxiliary_criterion', None) or 'label_smoothed_cross_entropy')" "$ARCH" 2>/dev/null)
-then
-  echo "error: --arch $ARCH is not a registered architecture" >&2
+if ! CRITERION=$("$PY" -m fairseq_widearch.experiments.settings criterion "$ARCH" 2> "$WORK/settings.log"); then
+  tail -n 1 "$WORK/settings.log" >&2
   exit 2
 fi
+mapfile -t OPTIMISATION < <("$PY" -m fairseq_widearch.experiments.settings quickstart)
 echo "| training $ARCH for $UPDATES updates (at most $MINUTES minutes)"
 "$VENV/bin/fairseq-train" "$WORK/data/bin" --user-dir "$ROOT/fairseq_widearch" \
-  --arch "$ARCH" --cpu --num-workers 0 --seed 1 \
-  --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.003 --lr-scheduler inverse_sqrt --warmup-updates 300 \
-  --criterion "$CRITERION" --label-smoothing 0.1 --dropout 0.1 \
-  --max-tokens 4096 --max-update "$UPDATES" --stop-time-hours "$STOP_HOURS" --max-epoch 100 \
+  --arch "$ARCH" --cpu --num-workers 0 --seed 1 "${OPTIMISATION[@]}" --criterion "$CRITERION" \
+  --max-update "$UPDATES" --stop-time-hours "$STOP_HOURS" --max-epoch 100 \
   --save-dir "$SAVE" --no-epoch-checkpoints --best-checkpoint-metric loss \
   --log-format simple --log-interval 50 "${EXTRA[@]}" | tee "$WORK/train-$ARCH.log"
 if grep -q "Stopping training due to cumulative_training_time" "$WORK/train-$ARCH.log"; then
@@ -81,4 +78,4 @@ then
   exit 1
 fi
 echo "| fairseq-generate output: $WORK/generate-$ARCH.txt (its log: $WORK/generate-$ARCH.log)"
-"$PY" "$ROOT/examples/multi30k/score.py" "$WORK/generate-$ARCH.txt" "$WORK/data/test.ref.de"
+"$PY" -m fairseq_widearch.experiments.scoring "$WORK/generate-$ARCH.txt" "$WORK/data/test.ref.de"

@@ -4,12 +4,12 @@
 
 Prints a markdown table (ours vs paper, relative difference) of the type-1 sub-Transformers of
 ``scalable_transformer_wmt_en_de`` with and without I/O projections, and the largest difference.
-FLOPs are :func:`fairseq_widearch.cli.stats.count_table1_flops` (our reconstruction of the
+FLOPs are :func:`fairseq_widearch.experiments.counting.count_table1_flops` (our reconstruction of the
 paper's convention); parameters are the cropped tensors the sub-Transformer uses.
 """
 import argparse
 
-from fairseq_widearch.cli.stats import count_table1_flops
+from fairseq_widearch.experiments.counting import count_table1_flops
 from fairseq_widearch.model_builder import build_model
 
 WIDTHS = list(range(256, 1025, 64))

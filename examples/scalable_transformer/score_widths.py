@@ -10,13 +10,9 @@ exported with ``export_subnet`` is scored with ``--widths exported``.
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples" / "multi30k"))
-from score import corpus_bleu, generate  # noqa: E402  (the quick start's decoding and scoring)
+from fairseq_widearch.experiments.scoring import corpus_bleu, generate
 
 
 def translate(args, width: str, out: Path):

@@ -25,7 +25,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 import fairseq_widearch  # noqa: F401  (registers the arch, allows loading checkpoints)
 from fairseq_widearch.checkpoint_loading import save_derived_checkpoint
 from fairseq_widearch.model_builder import dummy_dictionary
-from fairseq_widearch.models.scalable_transformer import width_set
+from fairseq_widearch.modules.sub_transformers import width_set
 
 #: Parameters of the exported model that alias another one (the tied output embedding).
 TIED = {"decoder.output_projection.weight"}

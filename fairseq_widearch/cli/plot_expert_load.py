@@ -25,7 +25,7 @@ from fairseq import checkpoint_utils
 
 import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading checkpoints)
 from fairseq_widearch.cli.plotting import pyplot
-from fairseq_widearch.cli.search_subnets import batches
+from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.modules.moe import TopKRouter
 
 

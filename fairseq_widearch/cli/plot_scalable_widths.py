@@ -20,8 +20,9 @@ from typing import Dict, List
 
 import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading checkpoints)
 from fairseq_widearch.cli.plotting import pyplot
-from fairseq_widearch.cli.search_subnets import batches, load, validation_nll
-from fairseq_widearch.models.scalable_transformer import width_set
+from fairseq_widearch.experiments.data import batches
+from fairseq_widearch.experiments.scoring import load_scalable, validation_nll
+from fairseq_widearch.modules.sub_transformers import width_set
 
 
 def read_bleu(path: str) -> Dict[str, Dict[int, float]]:
@@ -36,7 +37,7 @@ def read_bleu(path: str) -> Dict[str, Dict[int, float]]:
 
 def loss_per_width(checkpoint: str, data: str, subset: str, max_sentences: int) -> Dict[int, float]:
     """{width C: validation loss in bits per target token} of every type-1 sub-Transformer."""
-    model, task = load(checkpoint, data)
+    model, task = load_scalable(checkpoint, data)
     samples = batches(task, subset, max_sentences)
     losses = {}
     for width in width_set(model.cfg):

@@ -20,48 +20,20 @@ Raises:
 """
 import argparse
 import json
-import math
 import sys
 from argparse import Namespace
 from typing import List
 
 import numpy as np
 import torch
-from fairseq import checkpoint_utils, utils
+from fairseq import utils
 from sacrebleu.metrics import BLEU
 
 import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading checkpoints)
-from fairseq_widearch.cli.stats import count_macs
-from fairseq_widearch.models.scalable_transformer import parse_widths, width_set
-
-
-def load(checkpoint: str, data: str):
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data})
-    model = models[0].eval()
-    if not hasattr(model, "set_sample_config"):
-        sys.exit(f"error: {checkpoint} holds a {model.__class__.__name__}, not a scalable_transformer")
-    return model, task
-
-
-def batches(task, subset: str, max_sentences: int, max_tokens: int = 4096) -> list:
-    task.load_dataset(subset)
-    dataset = task.dataset(subset)
-    indices = np.arange(min(len(dataset), max_sentences or len(dataset)))
-    batch_sampler = dataset.batch_by_size(indices, max_tokens=max_tokens)
-    return [dataset.collater([dataset[int(i)] for i in batch]) for batch in batch_sampler]
-
-
-def validation_nll(model, samples: list, pad: int) -> float:
-    """Teacher-forced NLL of the active sub-Transformer, bits per target token."""
-    total, tokens = 0.0, 0
-    with torch.no_grad():
-        for sample in samples:
-            lprobs = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
-            target = sample["target"]
-            nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-            keep = target.ne(pad)
-            total, tokens = total + nll[keep].sum().item(), tokens + int(keep.sum())
-    return total / tokens / math.log(2)
+from fairseq_widearch.experiments.counting import count_macs
+from fairseq_widearch.experiments.data import batches
+from fairseq_widearch.experiments.scoring import load_scalable, validation_nll
+from fairseq_widearch.modules.sub_transformers import parse_widths, width_set
 
 
 def validation_bleu(model, task, samples: list, beam: int, lenpen: float) -> float:
@@ -104,7 +76,7 @@ def main(argv=None):
     p.add_argument("--lenpen", type=float, default=0.6)
     args = p.parse_args(argv)
 
-    model, task = load(args.checkpoint, args.data)
+    model, task = load_scalable(args.checkpoint, args.data)
     widest, widest_dims = model.widest_config()
     choices = parse_widths(args.choices) if args.choices else width_set(model.cfg)
     try:

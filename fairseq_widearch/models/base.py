@@ -1,8 +1,8 @@
 """What every Transformer variant of the plugin shares: flags from one config dataclass, and a
 build that applies the base preset and validates the flags before fairseq builds the model."""
 from argparse import Namespace
-from dataclasses import fields
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, fields
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -118,12 +118,46 @@ class WideTransformerModel(TransformerModel):
         raise NotImplementedError
 
 
-class LayerLoopEncoder(TransformerEncoderBase):
+@dataclass(frozen=True)
+class LayerSlot:
+    """Where the layer being built sits in its stack: what fairseq's ``build_encoder_layer(cfg)`` and
+    ``build_decoder_layer(cfg, no_encoder_attn)`` are not told."""
+
+    index: int  #: its position in the stack, from 0
+    built: Tuple[torch.nn.Module, ...]  #: the stack's layers built before it (``index`` of them, wrapped)
+
+
+_BUILT = "_layers_built"  # a plain attribute: fairseq builds the layers before ``self.layers`` holds any
+
+
+class PerLayerBuild:
+    """For stacks whose layers differ by position (per-layer widths, blocks sharing the first
+    block's parts). fairseq's constructor builds a stack's layers in order, one ``build_*_layer``
+    call each, before ``self.layers`` holds any; :meth:`build_next_layer` hands each call its
+    :class:`LayerSlot`. The record of built layers lives only while the constructor runs."""
+
+    def build_next_layer(self, cfg, build: Callable[[LayerSlot], torch.nn.Module]) -> torch.nn.Module:
+        """``build(slot)`` for the stack's next layer, wrapped as fairseq wraps its layers (:func:`wrap_layer`)."""
+        built = self.__dict__.setdefault(_BUILT, [])
+        layer = wrap_layer(build(LayerSlot(len(built), tuple(built))), cfg)
+        built.append(layer)
+        return layer
+
+    def forget_built_layers(self):
+        """Drop the record once fairseq's constructor has put the layers in ``self.layers``."""
+        self.__dict__.pop(_BUILT, None)
+
+
+class LayerLoopEncoder(PerLayerBuild, TransformerEncoderBase):
     """fairseq's Transformer encoder with the layer loop left to ``run_layers``, for layers that
     take or return more than fairseq's loop passes (MoE routing, layer-selection weights).
     Embeddings, padding, the final LayerNorm and the ``encoder_out`` dict stay fairseq's; the
     auxiliary outputs ``run_layers`` returns are added to ``encoder_out`` and carried unchanged by
     ``reorder_encoder_out`` (batch statistics; subclasses reorder the per-sentence ones)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc: bool = False):
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        self.forget_built_layers()
 
     def run_layers(self, x: Tensor, padding_mask: Tensor, states: Optional[List[Tensor]], src_tokens: Tensor
                    ) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
@@ -151,9 +185,14 @@ class LayerLoopEncoder(TransformerEncoderBase):
         return {**{key: value for key, value in encoder_out.items() if key not in reordered}, **reordered}
 
 
-class LayerLoopDecoder(TransformerDecoderBase):
+class LayerLoopDecoder(PerLayerBuild, TransformerDecoderBase):
     """fairseq's Transformer decoder with the layer loop left to ``run_layers`` (see
     :class:`LayerLoopEncoder`); the auxiliary outputs are added to the decoder's ``extra``."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn: bool = False, output_projection=None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+        self.forget_built_layers()
 
     def run_layers(self, x: Tensor, encoder_out: Optional[Tensor], encoder_padding_mask: Optional[Tensor],
                    incremental_state, self_attn_mask: Optional[Tensor], self_attn_padding_mask: Optional[Tensor],
@@ -186,7 +225,8 @@ class LayerLoopDecoder(TransformerDecoderBase):
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                                     incremental_state=None, full_context_alignment: bool = False,
                                     alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        """Returns ``(features (B, tgt_len, C), extra)``; ``extra["attn"]`` holds the alignment as
+        """Returns ``(features (B, tgt_len, C), extra)``; ``full_context_alignment`` drops the
+        causal mask, as in fairseq's decoder (alignment training); ``extra["attn"]`` holds the alignment as
         fairseq's decoder computes it: the cross-attention weights of layer ``alignment_layer``
         (default the last), averaged over its first ``alignment_heads`` heads (default all),
         ``(B, tgt_len, src_len)``."""
@@ -198,7 +238,9 @@ class LayerLoopDecoder(TransformerDecoderBase):
         x, tokens = self.embed(prev_output_tokens, incremental_state)
         padding_mask = tokens.eq(self.padding_idx)
         self_attn_padding_mask = padding_mask if padding_mask.any() else None
-        self_attn_mask = self.buffered_future_mask(x) if incremental_state is None else None
+        # as fairseq's decoder: full_context_alignment lets every position attend to the whole target
+        self_attn_mask = (self.buffered_future_mask(x) if incremental_state is None and not full_context_alignment
+                          else None)
         inner_states: List[Optional[Tensor]] = [x]
         encoder_aux = {k: v for k, v in encoder_out.items() if k not in FAIRSEQ_ENCODER_OUT_KEYS} if encoder_out else {}
         x, aux = self.run_layers(x, enc, enc_mask, incremental_state, self_attn_mask, self_attn_padding_mask,

@@ -23,12 +23,13 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, base_architecture
 from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.modules.fairseq_dropout import FairseqDropout
-from fairseq.tasks import FairseqTask
+from fairseq.tasks import TASK_REGISTRY, FairseqTask
 from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.slimmable import HEAD_DIM, CroppedPositions, SlimmableAttention, SlimmableLayerNorm, SlimmableLinear
-from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights, wrap_layer
+from ..modules.sub_transformers import built_widths, crop_linear, crop_norm, width_dropout, width_set
+from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights
 from .presets import set_defaults
 from .validation import reject_unapplied, require
 
@@ -71,47 +72,6 @@ class ScalableTransformerConfig(TransformerConfig):
 
 
 _SCALABLE_DEFAULTS = added_defaults(ScalableTransformerConfig)
-
-
-def parse_widths(text: str) -> List[int]:
-    """``'256,320'`` -> ``[256, 320]``."""
-    return [int(w) for w in str(text).split(",")]
-
-
-def width_set(cfg) -> List[int]:
-    """M, ascending (as ``--scalable-widths`` must list it)."""
-    if cfg.scalable_widths:
-        return parse_widths(cfg.scalable_widths)
-    return list(range(cfg.encoder_embed_dim // 4, cfg.encoder_embed_dim + 1, HEAD_DIM))
-
-
-def built_widths(cfg) -> Tuple[int, List[int]]:
-    """C and D^1..D^L (encoder then decoder layers) the model is built at: the widest model's
-    (M_max everywhere), or an exported sub-Transformer's."""
-    width = cfg.exported_width or cfg.encoder_embed_dim
-    num_layers = cfg.encoder_layers + cfg.decoder_layers
-    dims = parse_widths(cfg.exported_layer_widths) if cfg.exported_layer_widths else [width] * num_layers
-    return width, dims
-
-
-def crop_linear(prefix: str, linear, out_features: int, in_features: int, full_bias: bool = False) -> Dict[str, Tensor]:
-    """The top-left ``(out, in)`` block of a linear layer's weight and its bias (first ``out``
-    entries, or all of them for an output kept at full width, Eq. 5)."""
-    cropped = {f"{prefix}.weight": linear.weight[:out_features, :in_features]}
-    if linear.bias is not None:
-        cropped[f"{prefix}.bias"] = linear.bias if full_bias else linear.bias[:out_features]
-    return cropped
-
-
-def crop_norm(prefix: str, norm, width: int) -> Dict[str, Tensor]:
-    return {f"{prefix}.weight": norm.weight[:width], f"{prefix}.bias": norm.bias[:width]}
-
-
-def width_dropout(cfg, width: int) -> float:
-    """The dropout of sub-Transformers of width ``width`` (Appendix B; Tables 1 and 8)."""
-    table = sorted((int(w), float(p)) for w, p in (item.split(":") for item in cfg.width_dropout.split(",")))
-    chosen = [p for w, p in table if width >= w]
-    return chosen[-1] if chosen else table[0][1]
 
 
 class ScalableLayer(EncoderLayer):
@@ -185,17 +145,20 @@ class WidthSelection:
     active width C (or the embedding itself cropped), and per-layer widths.
 
     A stack is built at width C_b with layer widths D_b^i (:func:`built_widths`): the widest
-    model's, or an exported sub-Transformer's. ``self._built_dims`` is set before fairseq's
-    constructor builds the layers, one ``build_*_layer`` call per entry."""
+    model's, or an exported sub-Transformer's."""
 
-    def build_layer(self, cfg, cross_attention: bool = False):
-        return wrap_layer(ScalableLayer(cfg, self.built_width, next(self._built_dims), cross_attention), cfg)
+    def build_layer(self, cfg, first_layer: int, cross_attention: bool = False):
+        """The stack's next layer; ``first_layer``: the index of the stack's first layer among the
+        encoder's then the decoder's (D^i are listed in that order)."""
+        width, dims = built_widths(cfg)
+        return self.build_next_layer(cfg, lambda slot: ScalableLayer(
+            cfg, width, dims[first_layer + slot.index], cross_attention))
 
     def build_width_selection(self, cfg, learned_positions: bool, max_positions: int):
         """The input projection, the pre-norm final LayerNorm at width C, and, in an I/O-cropped
         export (``--exported-from-width``), the parent's embedding scale and sinusoidal positions
         (``learned_positions``: this stack's flag; ``max_positions``: its maximum length)."""
-        self.width = self.built_width
+        self.width = self.built_width = built_widths(cfg)[0]
         full = cfg.encoder_embed_dim
         self.input_projection = None if cfg.no_io_projections else SlimmableLinear(full, self.built_width)
         if self.layer_norm is not None:  # pre-norm: the final LayerNorm at width C
@@ -240,13 +203,11 @@ class ScalableEncoder(WidthSelection, LayerLoopEncoder):
     """Encoder of slimmable layers (width C, attention widths D^1..D^6)."""
 
     def __init__(self, cfg, dictionary, embed_tokens):
-        self.built_width, dims = built_widths(cfg)
-        self._built_dims = iter(dims[: cfg.encoder_layers])
         super().__init__(cfg, dictionary, embed_tokens)
         self.build_width_selection(cfg, cfg.encoder_learned_pos, cfg.max_source_positions)
 
     def build_encoder_layer(self, cfg):
-        return self.build_layer(cfg)
+        return self.build_layer(cfg, first_layer=0)
 
     def run_layers(self, x, padding_mask, states, src_tokens):
         x = self.project_in(x)
@@ -263,14 +224,12 @@ class ScalableDecoder(WidthSelection, LayerLoopDecoder):
     fairseq's ``project_out_dim`` slot, applied after the final LayerNorm) before the tied softmax."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
-        self.built_width, dims = built_widths(cfg)
-        self._built_dims = iter(dims[cfg.encoder_layers:])
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.build_width_selection(cfg, cfg.decoder_learned_pos, cfg.max_target_positions)
         self.project_out_dim = None if cfg.no_io_projections else SlimmableLinear(self.built_width, self.width_max)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return self.build_layer(cfg, cross_attention=True)
+        return self.build_layer(cfg, first_layer=cfg.encoder_layers, cross_attention=True)
 
     def cropped_state(self) -> Dict[str, Tensor]:
         cropped = super().cropped_state()
@@ -352,9 +311,8 @@ def warn_if_widest_only(args, task):
     """Log a warning when a fairseq task other than ``scalable_translation`` builds a model that is
     not an export: such a task trains and decodes only the widest sub-Transformer (C = M_max), never
     the narrower ones Sec. 3.3 trains, which the user of this arch is unlikely to mean."""
-    from ..tasks.scalable_translation import ScalableTranslationTask  # that module imports this one
-
-    if isinstance(task, FairseqTask) and not isinstance(task, ScalableTranslationTask) and not args.exported_width:
+    trains_sub_transformers = TASK_REGISTRY.get("scalable_translation", ())  # by name: the task imports this package
+    if isinstance(task, FairseqTask) and not isinstance(task, trains_sub_transformers) and not args.exported_width:
         logger.warning(f"{type(task).__name__} trains and decodes only the widest sub-Transformer (width "
                        f"{args.encoder_embed_dim}); --task scalable_translation trains the narrower ones too (Sec. 3.3)")
 

@@ -30,14 +30,7 @@ from torch import Tensor
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.moe import Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
-from .base import (
-    LayerLoopDecoder,
-    LayerLoopEncoder,
-    WideTransformerModel,
-    added_defaults,
-    alignment_weights,
-    wrap_layer,
-)
+from .base import LayerLoopDecoder, LayerLoopEncoder, LayerSlot, WideTransformerModel, added_defaults, alignment_weights
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 
@@ -225,28 +218,17 @@ class WideNetDecoderLayer(nn.Module, MoESublayer):
         return (x, attn, *routing)
 
 
-BLOCKS = "_widenet_blocks"
-
-
 def routes(index: int, num_layers: int, groups: int) -> bool:
     """Whether block ``index`` of a stack of ``num_layers`` routes: the first block of each of the
     ``groups`` routing groups (Fig. 3), or every block when ``groups`` is 0."""
     return index % (num_layers // groups if groups else 1) == 0
 
 
-def build_block(stack: nn.Module, layer_cls, cfg, num_layers: int):
-    """The next block of ``stack`` (wrapped as fairseq wraps its layers, :func:`wrap_layer`):
-    block 0 built anew, later blocks sharing block 0's parts.
-
-    fairseq builds all layers in one list comprehension, before ``stack.layers`` holds any, so
-    the blocks built so far are kept in a plain, unregistered attribute that the stack's
-    ``__init__`` deletes once the layers exist (block 0 stays registered once, as ``layers.0``).
-    """
-    built = stack.__dict__.setdefault(BLOCKS, [])
-    block_routes = routes(len(built), num_layers, cfg.widenet_routing_groups)
-    layer = wrap_layer(layer_cls(cfg, built[0] if built else None, block_routes), cfg)
-    built.append(layer)
-    return layer
+def build_block(layer_cls, cfg, slot: LayerSlot, num_layers: int):
+    """Block ``slot.index`` of a stack of ``num_layers``: block 0 built anew, later blocks sharing
+    block 0's parts (block 0 stays registered once, as ``layers.0``)."""
+    return layer_cls(cfg, slot.built[0] if slot.built else None,
+                     routes(slot.index, num_layers, cfg.widenet_routing_groups))
 
 
 class RoutingGroups:
@@ -283,11 +265,10 @@ class WideNetEncoder(LayerLoopEncoder):
 
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
-        del self.__dict__[BLOCKS]
         self.routing_groups = cfg.widenet_routing_groups
 
     def build_encoder_layer(self, cfg):
-        return build_block(self, WideNetEncoderLayer, cfg, cfg.encoder.layers)
+        return self.build_next_layer(cfg, lambda slot: build_block(WideNetEncoderLayer, cfg, slot, cfg.encoder.layers))
 
     def run_layers(self, x, padding_mask, states, src_tokens):
         groups = RoutingGroups(len(self.layers), self.routing_groups)
@@ -306,11 +287,10 @@ class WideNetDecoder(LayerLoopDecoder):
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        del self.__dict__[BLOCKS]
         self.routing_groups = cfg.widenet_routing_groups
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return build_block(self, WideNetDecoderLayer, cfg, cfg.decoder.layers)
+        return self.build_next_layer(cfg, lambda slot: build_block(WideNetDecoderLayer, cfg, slot, cfg.decoder.layers))
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                    self_attn_padding_mask, padding_mask, inner_states, encoder_aux, alignment_layer):

@@ -34,6 +34,7 @@ def test_training_loss_is_the_full_objective_validation_loss_the_translation_los
     assert torch.equal(loss, log["ce_loss"]) and log[term] > 0  # validation: CE alone, the term logged beside
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["widenet_tiny"])
 def test_validation_logs_the_translation_loss_as_loss(arch, multi30k_bin, tmp_path):
     log = train(multi30k_bin, tmp_path, arch, "--max-valid-steps", "3", "--moe-balance-weight", "1",

@@ -23,10 +23,8 @@ import torch
 from conftest import REPO, TINY_ARCHS, criterion_for, fairseq_cli, run
 from test_conformance import VOCAB, batch
 from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
+from fairseq_widearch.experiments.scoring import corpus_bleu, generate
 from fairseq_widearch.model_builder import build_model
-
-sys.path.insert(0, str(REPO / "examples" / "multi30k"))
-from score import corpus_bleu, generate  # noqa: E402  (the quick start's decoding and scoring)
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -162,11 +160,10 @@ def test_the_models_wait_for_the_gpu_only_to_ask_where_the_padding_is():
     ours and fairseq's: only "is there padding / where?" (fairseq's own checks, which ours mirror,
     and the MoE's rows of real tokens, whose count sets its buffers' shape). The MoE dispatch, its
     load statistics, the scalable cropping and the latent layer selection add none."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import host_syncs
-    args = host_syncs.parser().parse_args([])
-    for name, (arch, flags) in host_syncs.SYSTEMS.items():
-        per_pass, where = host_syncs.count(arch, flags, args)
+    out = run([sys.executable, REPO / "benchmarks" / "host_syncs.py"]).stdout
+    counted = json.loads(out.splitlines()[-1])
+    for name, per_pass in counted["syncs_per_pass"].items():
+        where = counted["sites"][name]
         report(test="host_syncs", system=name, syncs_per_pass=per_pass, where=where)
         models = {site: n for site, n in where.items() if site.startswith(("fairseq/", "models/", "modules/"))}
         assert all("padding_mask" in site for site in models), f"{name}: {models}"

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from fairseq_widearch.cli.stats import model_stats
+from fairseq_widearch.experiments.counting import model_stats
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
 
 VOCAB = 40
@@ -116,6 +116,7 @@ def test_decoder_only_latent_layers_keep_fairseqs_encoder():
 TABLE1_PARAMS = {"lld_12_24": 135, "lld_12_48": 211, "llboth_36_36": 224, "llboth_48_48": 287, "llboth_64_64": 371}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,paper", sorted(TABLE1_PARAMS.items()))
 def test_table1_preset_parameter_counts_within_3_percent(preset, paper):
     stats = model_stats(f"latent_depth_transformer_{preset}", vocab_size=33000)
@@ -184,6 +185,7 @@ def test_criterion_config_errors(kw, message):
         criterion(**kw).auxiliary(extra([0.5] * 3, [1.0] * 3), torch.zeros(()))
 
 
+@pytest.mark.slow
 def test_criterion_end_to_end_logs_every_term(multi30k_bin, tmp_path):
     log = train(multi30k_bin, tmp_path, "latent_depth_transformer_tiny", "--criterion",
                 "latent_depth_label_smoothed_cross_entropy", "--latent-target-layers", "2", max_update=3).stdout
@@ -260,6 +262,7 @@ def test_kl_against_the_aggregated_posterior_weights_pairs_by_their_batch_share(
         criterion(latent_prior="aggregated").auxiliary(extra([0.5] * 3, [1.0] * 3), torch.zeros(()))
 
 
+@pytest.mark.slow
 def test_unknown_prior_fails_naming_the_flag(multi30k_bin, tmp_path):
     with pytest.raises(AssertionError, match="--latent-prior: invalid choice: 'gaussian'"):
         train(multi30k_bin, tmp_path, "latent_depth_transformer_tiny", "--criterion",

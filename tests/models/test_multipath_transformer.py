@@ -10,7 +10,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from fairseq_widearch.cli.stats import model_stats
+from fairseq_widearch.experiments.counting import model_stats
 from fairseq_widearch.model_builder import build_model, parse_arch_args
 from fairseq_widearch.models.multipath_transformer import MultiPathDecoderLayer, MultiPathEncoderLayer
 from fairseq_widearch.modules import MultiPathAttention, MultiPathFFN, PathFusion, PathNorm
@@ -231,11 +231,13 @@ TABLE2_PARAMS = {"6l_2p": 80, "12l_2p": 118, "6l_4p": 118, "12l_3p": 156, "6l_6p
                  "24l_2p": 193, "12l_4p": 193, "6l_8p": 193}
 
 
+@pytest.mark.slow
 def test_baseline_transformer_is_62m_at_the_stated_vocabulary():
     stats = model_stats("transformer", ["--share-all-embeddings"], vocab_size=VOCAB)
     assert abs(stats["params"] / 1e6 - 62) / 62 < 0.03
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,paper", sorted(TABLE2_PARAMS.items()))
 def test_table2_preset_parameter_counts_within_3_percent(preset, paper):
     stats = model_stats(f"multipath_transformer_{preset}", vocab_size=VOCAB)
@@ -264,6 +266,7 @@ def test_post_norm_multi_path_layers_are_refused(side, paths):
                     **{f"{side}_normalize_before": False})
 
 
+@pytest.mark.slow
 def test_unknown_preset_is_refused_by_fairseq_train(multi30k_bin, tmp_path):
     proc = subprocess.run([str(fairseq_cli("train")), str(multi30k_bin), "--user-dir", str(REPO / "fairseq_widearch"),
                            "--arch", "multipath_transformer_7l_9p"], capture_output=True, text=True, timeout=300)
@@ -272,6 +275,7 @@ def test_unknown_preset_is_refused_by_fairseq_train(multi30k_bin, tmp_path):
         build_model("multipath_transformer_7l_9p")
 
 
+@pytest.mark.slow
 def test_loss_decreases_on_real_data(multi30k_bin, tmp_path):
     log = train(multi30k_bin, tmp_path, "multipath_transformer_tiny", "--lr", "0.003", max_update=30).stdout
     losses = [float(m) for m in re.findall(r"\| INFO \| train_inner \|.* loss=([\d.]+)", log)]

@@ -1,18 +1,18 @@
 """partialformer: the AFFN sub-layer against fairseq's MultiheadAttention and against Eqs. 5-6
 written out per head, paper presets (parameters and Table 5 MACs), ablation flags, config errors."""
+import json
 import re
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-from fairseq.data import Dictionary
 from fairseq.modules import MultiheadAttention
 
-from fairseq_widearch.cli.stats import model_stats
+from fairseq_widearch.experiments.counting import model_stats
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import PartialAttention, PGFFN
-from conftest import REPO
+from conftest import REPO, run
 
 D, H0, DK = 32, 4, 8
 
@@ -79,6 +79,7 @@ PRESET_PARAMS = {"6_6_d512_h24_16": (63, 34040), "24_6_d512_h24_16": (115, 34040
                  "24_6_d360_h30_16": (68, 34040), "24_6_d360_h8_8": (36, 34040), "24_6_d320_h24_24": (48, 19064)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", sorted(PRESET_PARAMS))
 def test_paper_presets_parameter_counts_within_3_percent(preset):
     paper, vocab = PRESET_PARAMS[preset]
@@ -96,6 +97,7 @@ TRANSFORMER_24_6_360 = ["--encoder-layers", "24", "--encoder-embed-dim", "360", 
     ("partialformer_24_6_d360_h8_8", [], 5.2),
     ("partialformer_24_6_d360_h30_16", [], 6.9),
 ])
+@pytest.mark.slow
 def test_table5_macs_within_5_percent(arch, argv, paper):
     macs = model_stats(arch, argv, vocab_size=34040)["macs_decode"] / 1e9
     assert abs(macs - paper) / paper < 0.05, macs
@@ -106,6 +108,7 @@ def test_table5_macs_within_5_percent(arch, argv, paper):
     (["--no-pg-ffn"], 52), (["--no-global-attention"], 66),
     (["--partialformer-stacks", "encoder"], 67), (["--partialformer-stacks", "decoder"], 63),
 ])
+@pytest.mark.slow
 def test_table7_ablation_parameter_counts_within_3_percent(flags, paper):
     flags = flags + ["--encoder-ffn-embed-dim", "1440", "--decoder-ffn-embed-dim", "1440"]  # d = 360 Transformer stacks
     params = model_stats("partialformer_24_6_d360_h30_16", flags, vocab_size=34040)["params"] / 1e6
@@ -166,25 +169,24 @@ def test_gate_activation_flag_reaches_every_pg_ffn(activation, sigma):
         torch.testing.assert_close(relu(src, torch.tensor([5, 5]), prev)[0], out)
 
 
+@pytest.mark.slow
 def test_init_scale_matches_the_stock_transformers(multi30k_bin):
     """At initialisation, on 48 real Multi30k val sentences: every AFFN sub-layer's output RMS lies
     within 2x of the stock pre-norm Transformer's sub-layers (the comparison's 4 + 4 body), and so
     does the encoder's gradient norm. Eq. 5 as printed with closed gates and raw A^G inputs (the
     former default) starts an order of magnitude smaller."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from partialformer_init_scale import SYSTEMS, init_scales, validation_batch
+    def scales(flags=""):
+        out = run([sys.executable, REPO / "benchmarks" / "partialformer_init_scale.py", "--data", multi30k_bin,
+                   "--updates", "0", "--sentences", "48", "--flags", flags]).stdout
+        return json.loads(out.splitlines()[-1])
 
-    dictionary = Dictionary.load(str(multi30k_bin / "dict.en.txt"))
-    batch = validation_batch(multi30k_bin, dictionary, 48)
-    stock = init_scales(*SYSTEMS["transformer"], batch, dictionary)
-    low, high = min(stock["sublayer_rms"].values()) / 2, max(stock["sublayer_rms"].values()) * 2
-    arch, argv = SYSTEMS["partialformer"]
-    ours = init_scales(arch, argv, batch, dictionary)
-    assert all(low <= value <= high for value in ours["sublayer_rms"].values()), ours["sublayer_rms"]
+    measured = scales()
+    stock, ours = measured["transformer"], measured["partialformer"]
+    low, high = stock["sublayer_rms_range"][0] / 2, stock["sublayer_rms_range"][1] * 2
+    assert low <= ours["sublayer_rms_range"][0] and ours["sublayer_rms_range"][1] <= high, ours
     assert 0.5 <= ours["encoder_grad_norm"] / stock["encoder_grad_norm"] <= 2
-    printed = init_scales(arch, [*argv, "--pg-ffn-as-printed", "--head-gate-bias-init", "0",
-                                 "--no-global-attention-norm"], batch, dictionary)
-    assert max(printed["sublayer_rms"].values()) < low
+    printed = scales("--pg-ffn-as-printed --head-gate-bias-init 0 --no-global-attention-norm")["partialformer"]
+    assert printed["sublayer_rms_range"][1] < low
     assert printed["encoder_grad_norm"] < stock["encoder_grad_norm"] / 10
 
 

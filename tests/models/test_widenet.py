@@ -6,7 +6,7 @@ import pytest
 import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
-from fairseq_widearch.cli.stats import model_stats
+from fairseq_widearch.experiments.counting import model_stats
 from fairseq_widearch.criterions import MoELabelSmoothedCrossEntropyCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
 from fairseq_widearch.models.widenet import DenseFFN
@@ -44,6 +44,7 @@ def test_blocks_share_attention_and_moe_but_not_layer_norms():
     assert decoder[1].self_attn is not decoder[0].self_attn
 
 
+@pytest.mark.slow
 def test_encoder_parameter_count_is_one_block_plus_per_block_layer_norms():
     d, ffn, E, L = 32, 64, 4, 3
     attention = 4 * (d * d + d)
@@ -74,6 +75,7 @@ def test_table3_ablations_and_variants(flag, check):
     assert len(extra["moe_balance_loss"]) == expected_calls
 
 
+@pytest.mark.slow
 def test_no_sharing_has_one_block_per_layer():
     shared = model_stats("widenet_tiny", vocab_size=VOCAB)["params_encoder"]
     unshared = model_stats("widenet_tiny", ["--widenet-no-sharing"], vocab_size=VOCAB)["params_encoder"]
@@ -95,11 +97,18 @@ def test_routing_groups_must_divide_the_depth():
 
 
 def test_auxiliary_outputs_survive_reorder_encoder_out():
+    """The routing statistics are batch statistics: reordering the sentences carries them unchanged,
+    and they equal those of encoding the reordered batch afresh, beside the reordered states."""
     model = make_model().eval()
     src, lengths, _ = batch()
+    order = torch.tensor([2, 0, 1])
     out = model.encoder(src, src_lengths=lengths)
-    reordered = model.encoder.reorder_encoder_out(out, torch.tensor([2, 1, 0]))
-    assert reordered["moe_balance_loss"] == out["moe_balance_loss"] and len(out["moe_load"]) == 3
+    reordered = model.encoder.reorder_encoder_out(out, order)
+    fresh = model.encoder(src[order], src_lengths=lengths[order])
+    assert len(reordered["moe_load"]) == len(reordered["moe_balance_loss"]) == 3
+    for key in ("moe_balance_loss", "moe_load", "moe_dropped"):
+        torch.testing.assert_close(torch.stack(reordered[key]), torch.stack(fresh[key]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(reordered["encoder_out"][0], fresh["encoder_out"][0], atol=1e-5, rtol=1e-5)
 
 
 def test_padding_does_not_change_the_balance_losses():
@@ -146,6 +155,7 @@ def test_invalid_configs_fail_at_build_time_naming_the_flag(flags, message):
         make_model(*flags)
 
 
+@pytest.mark.slow
 def test_paper_presets_body_sizes():
     """WideNet-L (Sec. 4.1): 24 blocks, d = 1024, 16 heads, FFN 4096, E = 4: the encoder holds one
     attention (4.20M), four experts (33.57M), the router and 48 + 1 LayerNorms (0.10M)."""
@@ -155,6 +165,7 @@ def test_paper_presets_body_sizes():
     assert abs(stats["params_encoder"] / 1e6 - 40) / 40 < 0.06  # the paper's 40M adds patch embedding and head
 
 
+@pytest.mark.slow
 def test_moe_criterion_end_to_end_logs_every_term(multi30k_bin, tmp_path):
     log = train(multi30k_bin, tmp_path, "widenet_tiny", "--criterion", "moe_label_smoothed_cross_entropy",
                 max_update=3).stdout

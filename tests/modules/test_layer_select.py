@@ -96,6 +96,7 @@ def test_invalid_settings(kwargs, message):
         LayerSelect(3, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,soft_updates", [(5.0, -1), (1.0, -1), (5.0, 0)])
 def test_soft_inference_weights_are_the_mean_of_the_training_samples(temperature, soft_updates):
     """Monte-Carlo: the mean of 200,000 training draws of z (relaxed Gumbel-sigmoid samples at τ,

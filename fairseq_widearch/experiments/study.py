@@ -1,14 +1,13 @@
-#!/usr/bin/env python
 """Each paper's central claim in miniature, every system trained to convergence (docs/claims.md).
 
-    python examples/claims/study.py --data BIN --bpe-codes CODES --ref REFERENCE [--work-dir runs/claims]
+    python -m fairseq_widearch.experiments.study --data BIN --bpe-codes CODES --ref REFERENCE [--work-dir runs/claims]
         [--claims multipath,widenet,scalable,latent_depth,partialformer] [--jobs 1] [--device cpu|cuda]
         [--max-epoch 40] [--patience 3] [--beam 5] [--max-len-b 200] [--results FILE] [--figures DIR]
         [--progress]
 
 A claim is the paper's design and its own baselines, each the shared Multi30k body (d 128, FFN
 512, 4 heads) changed the way the paper changes it. Every system trains with the comparison's
-optimisation (``examples/compare/compare.py``'s ``OPTIMISATION``: Adam (0.9, 0.98), lr 0.003,
+optimisation (:data:`.settings.OPTIMISATION`: Adam (0.9, 0.98), lr 0.003,
 inverse sqrt with 300 warm-up updates, label smoothing 0.1, dropout, attention and activation
 dropout 0.1, 4,096 tokens per batch; the scalable claim keeps its paper's dropout by width on both
 sides) until the validation loss has not improved for ``--patience`` epochs, at most
@@ -34,130 +33,27 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 import torch
 
-import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading its checkpoints)
-from fairseq.models import ARCH_MODEL_REGISTRY
-from fairseq_widearch.cli.average_checkpoints import average
-from fairseq_widearch.cli.plotting import pyplot
+from ..cli.average_checkpoints import average
+from ..cli.plotting import pyplot
+from . import runner
+from .claims import CLAIMS, Claim, System
+from .runner import BIN
+from .scoring import USER_DIR, corpus_bleu, generate
+from .settings import OPTIMISATION, criterion_flags
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-sys.path[:0] = [str(ROOT / "examples" / "multi30k"), str(ROOT / "examples" / "compare")]
-from compare import BODY, OPTIMISATION, data_arguments  # noqa: E402  (the comparison's settings)
-from score import corpus_bleu, generate  # noqa: E402  (the quick start's decoding and scoring)
+#: The repository's examples: the study runs from a checkout (stage 3's targets come from a recipe's script).
+EXAMPLES = USER_DIR.parent / "examples"
 
 AVERAGED = 5
 SEEDS = (1, 2)
 #: Seed 2 runs for every system of a claim whose design ends this close (BLEU) to a baseline.
 CLOSE_BLEU = 1.0
-PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
-#: Scalable Transformers (Gao et al. 2021, Appendix B): dropout by width, on both sides of the claim.
-SCALABLE_DROPOUT = {64: 0.0, 128: 0.1, 192: 0.2, 256: 0.3}
-#: Latent depth: fairseq's examples/latent_depth README's --sparsity-weight, β on the KL averaged over layers.
-RELEASED_KL_WEIGHT = 0.1
-
-
-@dataclass(frozen=True)
-class System:
-    """One trained model: ``flags`` for fairseq-train (arch and model), ``evaluate``: extra
-    ``--model-overrides`` for validation and decoding, ``widths``: a scalable model, scored per width."""
-
-    name: str
-    flags: Tuple[str, ...]
-    evaluate: Dict[str, str] = field(default_factory=dict)
-    widths: Tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Claim:
-    """The paper's design against its own baselines; ``pairs``: the (design row, baseline row)
-    comparisons that decide it (rows are system names, ``"<name> w<width>"`` for a scalable model)."""
-
-    name: str
-    statement: str
-    systems: Tuple[System, ...]
-    pairs: Tuple[Tuple[str, str], ...]
-
-
-def transformer(name: str, encoder_layers: int, decoder_layers: int, *extra: str) -> System:
-    """The stock pre-norm fairseq Transformer on the shared Multi30k body."""
-    return System(name, ("--arch", "transformer", *BODY, "--encoder-layers", str(encoder_layers), "--decoder-layers",
-                         str(decoder_layers), *PRE_NORM, *extra))
-
-
-def independent(width: int) -> System:
-    """A post-norm Transformer of one width, shaped as the scalable model's sub-Transformer of that
-    width (3 + 3 layers, heads of 64, FFN 4 × width, its width's dropout)."""
-    return System(f"independent w{width}", (
-        "--arch", "transformer", "--encoder-embed-dim", str(width), "--encoder-ffn-embed-dim", str(4 * width),
-        "--encoder-attention-heads", str(width // 64), "--decoder-attention-heads", str(width // 64),
-        "--encoder-layers", "3", "--decoder-layers", "3", "--share-all-embeddings",
-        "--dropout", str(SCALABLE_DROPOUT[width])))
-
-
-def build_claims() -> Dict[str, Claim]:
-    multipath = ("--arch", "multipath_transformer_multi30k", "--encoder-paths", "4", "--encoder-layers", "3")
-    widenet = ("--arch", "widenet_multi30k", "--moe-balance-weight", "0.01")
-    # LL-D trained as the authors' released example trains it (--sparsity-weight 0.1 on the KL averaged
-    # over layers, ours sums it: 0.1 / 12; straight-through hard samples once the KL ramp is over; λ 0.1),
-    # its windows (soft samples for 500 updates, a 5,000-update KL ramp) shortened to the study's
-    # 300-update warm-up. At β = 1 summed over the 12 layers the KL held every logit within 0.002 of 0
-    # for 1,000 updates (docs/claims.md).
-    latent = ("--arch", "latent_depth_transformer_multi30k", "--decoder-layers", "12", "--latent-kl-weight",
-              str(RELEASED_KL_WEIGHT / 12), "--latent-kl-anneal-updates", "300", "--latent-soft-updates", "300",
-              "--latent-target-layers", "6", "--latent-depth-weight", "0.1")
-    widths = tuple(SCALABLE_DROPOUT)
-    staged = ("--task", "scalable_translation", "--criterion", "scalable_self_distillation")
-    scalable = ("--arch", "scalable_transformer_multi30k", *staged, "--dropout", str(SCALABLE_DROPOUT[widths[-1]]))
-    claims = [
-        Claim("multipath", "Multi-path (Table 2, Fig. 1): at equal parameters and FLOPs a shallow multi-path encoder "
-              "beats a deep single-path one and the plain shallow one",
-              (System("multi-path 3 x 4", multipath), transformer("deep 12 x 1", 12, 3),
-               transformer("shallow 3 x 1", 3, 3)),
-              (("multi-path 3 x 4", "deep 12 x 1"), ("multi-path 3 x 4", "shallow 3 x 1"))),
-        Claim("widenet", "WideNet (Tables 2-3): one MoE shared across blocks with individual LayerNorms beats one "
-              "shared dense FFN, and sharing the LayerNorms too hurts",
-              (System("WideNet", widenet), System("shared dense FFN", (*widenet, "--widenet-dense-ffn")),
-               System("shared LayerNorms", (*widenet, "--widenet-shared-layer-norm")),
-               transformer("unshared Transformer", 3, 3)),
-              (("WideNet", "shared dense FFN"), ("WideNet", "shared LayerNorms"))),
-        Claim("scalable", "Scalable Transformers (Table 2): the sub-Transformers of one model trained in three stages "
-              "match or beat models of those widths trained independently",
-              (System("scalable", scalable, widths=widths), *(independent(w) for w in widths)),
-              tuple((f"scalable w{w}", f"independent w{w}") for w in widths)),
-        Claim("latent_depth", "Latent depth (Tables 2-3): with a deeper decoder, learned layer selection matches or "
-              "beats the static model of that depth and the static model of the selected depth",
-              # decoded with the soft weights, the expectation of training's z: hard selection on its
-              # undecided posterior (q 0.48-0.65) ran a depth training never sampled (issue 32)
-              (System("LL-D 12, K = 6", latent, evaluate={"latent_inference": "soft"}),
-               transformer("static 12", 3, 12), transformer("static 6", 3, 6)),
-              (("LL-D 12, K = 6", "static 12"), ("LL-D 12, K = 6", "static 6"))),
-        Claim("partialformer", "PartialFormer (Table 1): fewer parameters than the Transformer, and better BLEU",
-              (System("PartialFormer", ("--arch", "partialformer_multi30k")),
-               transformer("Transformer 4 + 4", 4, 4)),
-              (("PartialFormer", "Transformer 4 + 4"),)),
-        # The study's machinery on two `_tiny` presets (its CI test), not a paper claim.
-        Claim("tiny", "smoke test: two tiny presets",
-              (System("widenet_tiny", ("--arch", "widenet_tiny")),
-               System("multipath_transformer_tiny", ("--arch", "multipath_transformer_tiny"))),
-              (("widenet_tiny", "multipath_transformer_tiny"),)),
-        # The three stages, distillation and per-width scoring on `scalable_transformer_tiny`.
-        Claim("tiny_scalable", "smoke test: the scalable path on its tiny preset",
-              (System("scalable_tiny", ("--arch", "scalable_transformer_tiny", *staged), widths=(64, 128)),),
-              ()),
-    ]
-    return {claim.name: claim for claim in claims}
-
-
-CLAIMS = build_claims()
 
 
 def training(system: System) -> tuple:
@@ -165,62 +61,16 @@ def training(system: System) -> tuple:
     return system.flags, tuple(sorted(system.evaluate.items())), system.widths
 
 
-def criterion(flags: Sequence[str]) -> List[str]:
-    """The arch's auxiliary-loss criterion (WideNet's and latent depth's), else label-smoothed CE."""
-    if "--criterion" in flags:
-        return []
-    arch = ARCH_MODEL_REGISTRY[flags[list(flags).index("--arch") + 1]]
-    return ["--criterion", getattr(arch, "auxiliary_criterion", None) or "label_smoothed_cross_entropy"]
-
-
 def device_name(args) -> str:
     """Where a run trains, kept in its row: ``cpu``, or ``cuda (<the GPU's name>)``."""
     return "cpu" if args.device == "cpu" else f"cuda ({torch.cuda.get_device_name()})"
 
 
-def device_flags(args) -> List[str]:
-    return ["--cpu"] if args.device == "cpu" else []
-
-
 def fairseq_train(args, data, flags: Sequence[str], save: Path, seed: int, *extra) -> dict:
-    """Train (or resume) to convergence in ``save``; -> epochs, updates and training seconds, also
-    kept in ``save/training.json``, which marks the training finished."""
-    finished = save / "training.json"
-    if finished.exists():
-        # fairseq-train would train again: one more epoch past --patience, then stop once more
-        return json.loads(finished.read_text())
-    training_flags = [*OPTIMISATION, *flags, *criterion(flags), "--seed", seed, *extra]
-    same_training(save, training_flags)
-    cmd = [BIN / "fairseq-train", data, "--user-dir", ROOT / "fairseq_widearch", *device_flags(args),
-           "--num-workers", "0", *training_flags, "--save-dir", save, "--max-epoch", args.max_epoch,
-           "--patience", args.patience, "--keep-last-epochs", AVERAGED, "--log-format", "simple",
-           "--log-interval", "100"]
-    with open(save / "train.log", "a") as log:
-        subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, check=True)
-    state = torch.load(save / "checkpoint_last.pt", map_location="cpu")
-    # a run stops at an epoch's end, where fairseq stores the iterator's next epoch
-    training = {"epochs": state["extra_state"]["train_iterator"]["epoch"] - 1,
-                "updates": state["optimizer_history"][-1]["num_updates"],
-                "train_seconds": round(state["extra_state"]["previous_training_time"], 1)}
-    finished.write_text(json.dumps(training))
-    return training
-
-
-def same_training(save: Path, flags: Sequence) -> None:
-    """Record in ``save/flags.json`` the flags that decide a training (paths by their file names, so
-    that a moved work directory still matches; not ``--max-epoch`` or ``--patience``, which a resumed
-    run may raise), or check them against the record of an earlier start.
-
-    Raises:
-        ValueError: when ``save`` holds a training started with other flags: fairseq would resume
-            its checkpoint under the new flags without a word (the system was changed since).
-    """
-    record, flags = save / "flags.json", [f.name if isinstance(f, Path) else str(f) for f in flags]
-    if record.exists() and json.loads(record.read_text()) != flags:
-        raise ValueError(f"{save} holds a training started with other flags than this system's now "
-                         f"({json.loads(record.read_text())}); move it away to train the system afresh")
-    save.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(flags))
+    """Train (or resume) a system to convergence in ``save`` (:func:`.runner.fairseq_train`)."""
+    return runner.fairseq_train(data, save, [*OPTIMISATION, *flags, *criterion_flags(flags), "--seed", seed, *extra],
+                                stop=["--max-epoch", args.max_epoch, "--patience", args.patience,
+                                      "--keep-last-epochs", AVERAGED], cpu=args.device == "cpu")
 
 
 def average_last_epochs(save: Path) -> Path:
@@ -243,8 +93,8 @@ def score(args, checkpoint: Path, system: System, width: int = 0) -> dict:
     # fairseq-validate builds the checkpoint's own task (overridable); fairseq-generate the command line's
     validate = overrides({**system.evaluate, **({"eval_width": str(width)} if width else {})})
     valid = subprocess.run([str(c) for c in [BIN / "fairseq-validate", args.data, "--user-dir",
-                                             ROOT / "fairseq_widearch", "--task", task, "--path", checkpoint,
-                                             "--valid-subset", "valid", "--max-tokens", "4096", *device_flags(args),
+                                             USER_DIR, "--task", task, "--path", checkpoint,
+                                             "--valid-subset", "valid", "--max-tokens", "4096", *(["--cpu"] if args.device == "cpu" else []),
                                              *validate]], capture_output=True, text=True, check=True)
     losses = re.search(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+)", valid.stdout + valid.stderr)
     out = checkpoint.with_name(f"generate{'-w%d' % width if width else ''}.txt")
@@ -259,7 +109,7 @@ def score(args, checkpoint: Path, system: System, width: int = 0) -> dict:
 def parameters(checkpoint: Path, width: int = 0) -> int:
     """Parameters of the model (``width``: of that sub-Transformer), the stats tool's count."""
     from fairseq import checkpoint_utils
-    from fairseq_widearch.cli.stats import param_counts, sub_transformer_param_counts
+    from fairseq_widearch.experiments.counting import param_counts, sub_transformer_param_counts
     [model], _ = checkpoint_utils.load_model_ensemble([str(checkpoint)])
     if width:
         model.set_sample_config(width)
@@ -288,7 +138,7 @@ def train_scalable(args, system: System, run: Path, seed: int) -> dict:
     distilled, timing = run / "distilled", run / "distilled.json"
     if not timing.exists():
         start = time.perf_counter()
-        subprocess.run([sys.executable, ROOT / "examples" / "scalable_transformer" / "distillation_targets.py",
+        subprocess.run([sys.executable, EXAMPLES / "scalable_transformer" / "distillation_targets.py",
                         "--data", args.data, "--checkpoint", save2 / "checkpoint_last.pt", "--out", distilled,
                         "--device", args.device],
                        check=True, capture_output=True)
@@ -346,15 +196,17 @@ def close_claims(rows: List[dict], claims: Sequence[Claim]) -> List[Claim]:
     return [c for c in claims if any(abs(bleu[c.name, a] - bleu[c.name, b]) < CLOSE_BLEU for a, b in c.pairs)]
 
 
-class Results:
-    """``results.jsonl``: one row per (claim, system, seed), appended as runs finish (thread-safe)."""
+class Results(runner.Results):
+    """The study's results file: one row per (claim, system, seed); ``claims``: the claims whose
+    shared systems (:meth:`twin`) a run may take its rows from."""
 
-    def __init__(self, path: Path):
-        self.path, self.lock = path, threading.Lock()
-        self.rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    def __init__(self, path: Path, claims: Iterable[Claim] = CLAIMS.values()):
+        super().__init__(path, key=("claim", "system", "seed"))
+        self.claims = list(claims)
 
     def done(self, claim: Claim, system: System, seed: int) -> bool:
-        """Whether every row of the run is in, scored as the system decodes now (``evaluate``)."""
+        """Whether every row of the run is in, scored as the system decodes now (``evaluate``): a
+        row scored under another decoding does not count, and its rescoring replaces it."""
         names = [f"{system.name} w{w}" for w in system.widths] or [system.name]
         found = {(r["claim"], r["system"], r["seed"]) for r in self.rows if r.get("evaluate", {}) == system.evaluate}
         return all((claim.name, name, seed) in found for name in names)
@@ -370,22 +222,12 @@ class Results:
         """The rows of the same training (flags, seed) recorded under another claim, renamed for
         this one: a system two claims share (the stock 3 + 3 Transformer is multi-path's shallow
         baseline and WideNet's reference) trains once. [] when there is none yet."""
-        for other in CLAIMS.values():
+        for other in self.claims:
             for same in other.systems:
                 if other is not claim and training(same) == training(system) and self.done(other, same, seed):
                     return [{**r, "claim": claim.name, "system": system.name + r["system"][len(same.name):],
                              "same_run_as": f"{other.name}: {r['system']}"} for r in self.rows_of(other, same, seed)]
         return []
-
-    def add(self, rows: List[dict]):
-        """Record ``rows``, each replacing an earlier row of its (claim, system, seed): one scored
-        under another decoding (``done`` no longer counts it)."""
-        run = lambda r: (r["claim"], r["system"], r["seed"])  # noqa: E731
-        with self.lock:
-            new = {run(r) for r in rows}
-            self.rows = [r for r in self.rows if run(r) not in new] + rows
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
 
 
 def run_all(args, results: Results, claims: Sequence[Claim], seed: int):
@@ -396,11 +238,7 @@ def run_all(args, results: Results, claims: Sequence[Claim], seed: int):
     def run(claim: Claim, system: System):
         results.add(results.twin(claim, system, seed) or run_system(args, claim, system, seed))
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        runs = [pool.submit(run, *job) for job in todo]
-    # raised only now: a failed or killed run must not cost the rows of the runs beside it
-    for future in runs:
-        future.result()
+    runner.run_jobs(run, todo, args.jobs)
 
 
 def joined(runs: List[dict], key: str, form: str = "{}") -> str:
@@ -527,11 +365,11 @@ def plot(rows: List[dict], claim: Claim, path: Path):
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None):
-    p = data_arguments(__doc__)
-    p.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "claims")
-    p.add_argument("--claims", default="multipath,widenet,scalable,latent_depth,partialformer",
-                   help="comma-separated subset of " + ",".join(CLAIMS))
+def main(argv=None, claims: Dict[str, Claim] = CLAIMS):
+    """The study's command line (this module's docstring) over ``claims`` (by name)."""
+    p = runner.data_arguments(__doc__)
+    p.add_argument("--work-dir", type=Path, default=Path("runs") / "claims")
+    p.add_argument("--claims", default=",".join(claims), help="comma-separated subset of " + ",".join(claims))
     p.add_argument("--jobs", type=int, default=1, help="runs at once")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--max-epoch", type=int, default=40)
@@ -543,22 +381,22 @@ def main(argv=None):
     p.add_argument("--progress", action="store_true",
                    help="print where every run stands (from its logs) and stop; trains nothing")
     args = p.parse_args(argv)
-    unknown = set(args.claims.split(",")) - set(CLAIMS)
+    unknown = set(args.claims.split(",")) - set(claims)
     if unknown:
-        p.error(f"unknown claims {sorted(unknown)}; choose from {', '.join(CLAIMS)}")
-    claims = [CLAIMS[name] for name in args.claims.split(",")]
+        p.error(f"unknown claims {sorted(unknown)}; choose from {', '.join(claims)}")
+    chosen = [claims[name] for name in args.claims.split(",")]
     if args.device == "cpu":
         # N runs share the cores: one N-th of them each (torch's default, all of them per run,
         # oversubscribes the cores and slows every run down)
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    results = Results(args.results or args.work_dir / "results.jsonl")
+    results = Results(args.results or args.work_dir / "results.jsonl", claims.values())
     if args.progress:
-        print(progress(args.work_dir, results, claims))
+        print(progress(args.work_dir, results, chosen))
         return
-    run_all(args, results, claims, SEEDS[0])
-    run_all(args, results, close_claims(results.rows, claims), SEEDS[1])
-    for claim in claims:
+    run_all(args, results, chosen, SEEDS[0])
+    run_all(args, results, close_claims(results.rows, chosen), SEEDS[1])
+    for claim in chosen:
         print(f"\n## {claim.statement}\n\n{table(results.rows, claim)}")
         plot(results.rows, claim, (args.figures or args.work_dir) / f"claim_{claim.name}.png")
 

@@ -1,21 +1,27 @@
-#!/usr/bin/env python
-"""Score ``fairseq-generate`` output with sacreBLEU against raw references.
+"""Decoding with ``fairseq-generate`` and sacreBLEU scoring of its detokenized output against raw
+references (the quick start's, the recipes', the comparison's and the claims study's), and the
+teacher-forced NLL of a model on prepared batches.
 
-    python score.py GENERATE_OUTPUT REFERENCE_FILE
+    python -m fairseq_widearch.experiments.scoring GENERATE_OUTPUT REFERENCE_FILE
 
-Reads the detokenized hypotheses (``D-<id>`` lines, produced by ``fairseq-generate --tokenizer
-moses --bpe subword_nmt``), restores corpus order, and prints the BLEU score and signature.
+prints the BLEU score of the ``D-<id>`` lines of ``fairseq-generate --tokenizer moses --bpe
+subword_nmt`` output, in corpus order, then its signature.
 """
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
+from fairseq import checkpoint_utils
 from sacrebleu.metrics import BLEU
 
-ROOT = Path(__file__).resolve().parents[2]
+#: The plugin's directory: fairseq's ``--user-dir``.
+USER_DIR = Path(__file__).resolve().parents[1]
 
 
 def read_hypotheses(path):
+    """The detokenized hypotheses (``D-`` lines) of ``fairseq-generate`` output, in corpus order."""
     hyps = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -35,7 +41,7 @@ def generate(data, checkpoint, out, bpe_codes, beam, lenpen, *extra, subset="tes
     Raises:
         subprocess.CalledProcessError: if fairseq-generate fails (its log in ``stderr``).
     """
-    cmd = [Path(sys.executable).parent / "fairseq-generate", data, "--user-dir", ROOT / "fairseq_widearch",
+    cmd = [Path(sys.executable).parent / "fairseq-generate", data, "--user-dir", USER_DIR,
            "--path", checkpoint, "--gen-subset", subset, *(["--cpu"] if cpu else []), "--beam", beam, "--lenpen", lenpen,
            "--batch-size", "128", "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", bpe_codes,
            "--source-lang", source_lang, "--target-lang", target_lang, *extra]
@@ -57,11 +63,39 @@ def corpus_bleu(gen_out, ref_path):
     return bleu.corpus_score(hyps, [refs]), bleu.get_signature()
 
 
-def main(gen_out, ref_path):
+def load_scalable(checkpoint: str, data: str):
+    """-> (the ``scalable_transformer`` of ``checkpoint`` in eval mode, its task on ``data``).
+
+    Raises:
+        SystemExit: if the checkpoint holds another model, naming it.
+    """
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data})
+    model = models[0].eval()
+    if not hasattr(model, "set_sample_config"):
+        sys.exit(f"error: {checkpoint} holds a {model.__class__.__name__}, not a scalable_transformer")
+    return model, task
+
+
+def validation_nll(model, samples: list, pad: int) -> float:
+    """Teacher-forced NLL of ``model`` (a scalable model's active sub-Transformer) on ``samples``
+    (fairseq batches), bits per target token."""
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for sample in samples:
+            lprobs = model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
+            target = sample["target"]
+            nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            keep = target.ne(pad)
+            total, tokens = total + nll[keep].sum().item(), tokens + int(keep.sum())
+    return total / tokens / math.log(2)
+
+
+def main(argv=None):
+    gen_out, ref_path = (argv or sys.argv[1:])[:2]
     score, signature = corpus_bleu(gen_out, ref_path)
     print(f"| sacreBLEU of the detokenized translations against {ref_path}:\n{score}\nsignature: {signature}")
     return score.score
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main()

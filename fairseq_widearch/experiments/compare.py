@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Compare the stock pre-norm Transformer and the five wide architectures on Multi30k En->De.
 
-    python examples/compare/compare.py --data BIN --bpe-codes CODES --ref REFERENCE
+    python -m fairseq_widearch.experiments.compare --data BIN --bpe-codes CODES --ref REFERENCE
         [--max-update 1320] [--seeds 1,2] [--minutes M] [--work-dir runs/compare] [--systems a,b,...]
-        [--figure PNG]
+        [--results FILE] [--figure PNG]
 
 Every system trains the same number of updates (``--max-update``; the scalable model
 ``SCALABLE_STAGE1_SHARE`` of them in stage 1, the rest in stage 2) with the same flags, at every
@@ -22,40 +21,27 @@ machine does weighs on every system alike. It gives ``train_tokens_per_s`` (targ
 second), ``train_flops_per_token`` (``torch.utils.flop_counter``) and ``utilisation``
 (FLOPs/token × tokens/s over this machine's fp32 matmul peak, measured in the same process).
 
-Rows go to ``WORK/results.jsonl`` (a run already there is skipped; an interrupted training
-resumes), the throughput to ``WORK/throughput.json``; then a markdown table (BLEU as mean ± sample
+Rows go to ``--results`` (default ``WORK/results.jsonl``; a run already there is skipped, so a
+file kept apart from WORK carries the comparison across machines; an interrupted training resumes,
+:mod:`.runner`), the throughput to ``WORK/throughput.json``; then a markdown table (BLEU as mean ± sample
 standard deviation over the seeds, with every seed's score) and BLEU against MACs in ``--figure``.
 """
-import argparse
 import json
 import re
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict
 
-import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-import fairseq_widearch  # noqa: F401  (registers the architectures, allows loading their checkpoints)
-from fairseq_widearch.cli.plotting import pyplot
-from fairseq_widearch.cli.stats import count_macs, matmul_peak_flops, param_counts, sub_transformer_param_counts
+from ..cli.plotting import pyplot
+from . import runner
+from .counting import count_macs, matmul_peak_flops, param_counts, sub_transformer_param_counts
+from .scoring import corpus_bleu, generate
+from .settings import BODY, OPTIMISATION, PRE_NORM, criterion_flags
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples" / "multi30k"))
-from score import corpus_bleu, generate  # noqa: E402  (the quick start's decoding and scoring)
-
-#: Optimisation and regularisation shared by every system (also examples/claims/study.py).
-OPTIMISATION = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.003", "--lr-scheduler", "inverse_sqrt",
-                "--warmup-updates", "300", "--label-smoothing", "0.1", "--dropout", "0.1", "--attention-dropout", "0.1",
-                "--activation-dropout", "0.1", "--max-tokens", "4096"]
-COMMON = ["--cpu", "--num-workers", "0", *OPTIMISATION, "--max-epoch", "1000", "--no-epoch-checkpoints",
-          "--log-format", "simple", "--log-interval", "50"]
-BODY = ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
-        "--decoder-attention-heads", "4", "--share-all-embeddings"]
 SCALABLE = ["--arch", "scalable_transformer_multi30k", "--encoder-embed-dim", "192", "--encoder-ffn-embed-dim",
             "768", "--encoder-attention-heads", "3", "--decoder-attention-heads", "3",
             "--scalable-widths", "64,128,192", "--width-dropout", "", "--task", "scalable_translation",
@@ -64,16 +50,12 @@ SCALABLE = ["--arch", "scalable_transformer_multi30k", "--encoder-embed-dim", "1
 #: its parameter count (2.9M) sits with the wide models' (2.3-3.2M; the scalable model's 128-wide
 #: sub-Transformer 3.0M, its widest 4.8M).
 SYSTEMS = {
-    "transformer": ["--arch", "transformer", *BODY, "--encoder-layers", "4", "--decoder-layers", "4",
-                    "--encoder-normalize-before", "--decoder-normalize-before",
-                    "--criterion", "label_smoothed_cross_entropy"],
-    "multipath_transformer": ["--arch", "multipath_transformer_multi30k", "--criterion", "label_smoothed_cross_entropy"],
-    "widenet": ["--arch", "widenet_multi30k", "--criterion", "moe_label_smoothed_cross_entropy",
-                "--moe-balance-weight", "0.01"],
+    "transformer": ["--arch", "transformer", *BODY, "--encoder-layers", "4", "--decoder-layers", "4", *PRE_NORM],
+    "multipath_transformer": ["--arch", "multipath_transformer_multi30k"],
+    "widenet": ["--arch", "widenet_multi30k", "--moe-balance-weight", "0.01"],
     "latent_depth_transformer": ["--arch", "latent_depth_transformer_multi30k",
-                                 "--criterion", "latent_depth_label_smoothed_cross_entropy",
                                  "--latent-kl-weight", "1.0", "--latent-kl-anneal-updates", "300"],
-    "partialformer": ["--arch", "partialformer_multi30k", "--criterion", "label_smoothed_cross_entropy"],
+    "partialformer": ["--arch", "partialformer_multi30k"],
     "scalable_transformer": SCALABLE,
 }
 SCALABLE_WIDTHS = (64, 128, 192)
@@ -182,23 +164,14 @@ def decode(args, checkpoint: Path, out: Path, width: int = 0) -> dict:
             "bleu_signature": str(signature)}
 
 
-def checkpoint_updates(checkpoint: Path) -> int:
-    """The updates a checkpoint has trained (0 if it does not exist)."""
-    if not checkpoint.exists():
-        return 0
-    return torch.load(checkpoint, map_location="cpu", weights_only=False)["optimizer_history"][-1]["num_updates"]
-
-
 def train(args, flags, save: Path, seed: int, updates: int, *extra) -> str:
-    """Run fairseq-train to ``updates`` updates (``--minutes``: an upper bound); returns its log.
-    A run that has its updates is not started again: fairseq-train resumed there trains one more."""
-    save.mkdir(parents=True, exist_ok=True)
-    if checkpoint_updates(save / "checkpoint_last.pt") < updates:
-        limit = ["--stop-time-hours", f"{args.minutes / 60:.6f}"] if args.minutes else []
-        cmd = [Path(sys.executable).parent / "fairseq-train", args.data, "--user-dir", ROOT / "fairseq_widearch",
-               *COMMON, "--seed", seed, *flags, "--max-update", updates, *limit, "--save-dir", save, *extra]
-        with open(save / "train.log", "a") as log:
-            subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, check=True)
+    """Train to ``updates`` updates (``--minutes``: an upper bound) in ``save``, the system's
+    criterion unless ``flags`` name one (:func:`.runner.fairseq_train`: resumed if interrupted, not
+    started again once finished); returns its log."""
+    limit = ["--stop-time-hours", f"{args.minutes / 60:.6f}"] if args.minutes else []
+    runner.fairseq_train(args.data, save, [*OPTIMISATION, "--seed", seed, *flags, *criterion_flags(flags), *extra,
+                                           "--no-epoch-checkpoints"],
+                         stop=["--max-update", updates, "--max-epoch", 1000, *limit], log_interval=50)
     return (save / "train.log").read_text()
 
 
@@ -295,24 +268,16 @@ def plot(summary, path: Path):
     fig.savefig(path, dpi=120)
 
 
-def data_arguments(description: str) -> argparse.ArgumentParser:
-    """A parser with the Multi30k data flags: ``--data``, ``--bpe-codes``, ``--ref``."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="fairseq data directory (En-De, joined dictionary)")
-    p.add_argument("--bpe-codes", required=True)
-    p.add_argument("--ref", required=True, help="raw German reference of test_2016")
-    return p
-
-
 def main(argv=None):
-    p = data_arguments(__doc__)
+    p = runner.data_arguments(__doc__)
     p.add_argument("--max-update", type=int, default=1320, help="training updates of every run (10 epochs)")
     p.add_argument("--seeds", default="1,2", type=lambda v: [int(x) for x in v.split(",")])
     p.add_argument("--minutes", type=float, default=0, help="upper bound on a run's training time; 0 = none")
-    p.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "compare")
+    p.add_argument("--work-dir", type=Path, default=Path("runs") / "compare")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
     p.add_argument("--beam", default="5")
     p.add_argument("--lenpen", default="1.0")
+    p.add_argument("--results", type=Path, help="the results file, one row per run (default WORK/results.jsonl)")
     p.add_argument("--figure", type=Path, help="PNG path (default WORK/bleu_vs_macs.png)")
     args = p.parse_args(argv)
     systems = args.systems.split(",")
@@ -320,17 +285,15 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    results, speed_file = args.work_dir / "results.jsonl", args.work_dir / "throughput.json"
-    rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    results = runner.Results(args.results or args.work_dir / "results.jsonl", key=("system", "seed"))
+    speed_file = args.work_dir / "throughput.json"
     for seed in args.seeds:
         for name in systems:
-            if any(r["system"].split(" ")[0] == name and r["seed"] == seed for r in rows):
+            if any(r["system"].split(" ")[0] == name and r["seed"] == seed for r in results.rows):
                 continue
             print(f"| {name}, seed {seed}: training {args.max_update} updates", flush=True)
-            new = run_system(args, name, seed)
-            with open(results, "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in new)
-            rows += new
+            results.add(run_system(args, name, seed))
+    rows = results.rows
     speeds = json.loads(speed_file.read_text()) if speed_file.exists() else {}
     if set(systems) - set(speeds):
         peak = matmul_peak_flops()  # fp32, this CPU, in this process
