@@ -23,8 +23,9 @@ second), ``train_flops_per_token`` (``torch.utils.flop_counter``) and ``utilisat
 
 Rows go to ``--results`` (default ``WORK/results.jsonl``; a run already there is skipped, so a
 file kept apart from WORK carries the comparison across machines; an interrupted training resumes,
-:mod:`.runner`), the throughput to ``WORK/throughput.json``; then a markdown table (BLEU as mean ± sample
-standard deviation over the seeds, with every seed's score) and BLEU against MACs in ``--figure``.
+:mod:`.runner`), the throughput to ``WORK/throughput.json``; then a markdown table (BLEU as mean ±
+sample standard deviation over the seeds, with every seed's score) and BLEU against MACs in
+``--figure``.
 """
 import json
 import re
@@ -176,7 +177,9 @@ def train(args, flags, save: Path, seed: int, updates: int, *extra) -> str:
 
 
 def run_dir(args, name: str, seed: int) -> Path:
-    return args.work_dir / f"seed{seed}" / name
+    """Where a run trains: per budget, since a finished training is not resumed (:mod:`.runner`) and
+    a run to another ``--max-update`` is another run."""
+    return args.work_dir / f"{args.max_update}_updates" / f"seed{seed}" / name
 
 
 def train_system(args, name: str, seed: int) -> list:

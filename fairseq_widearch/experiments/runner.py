@@ -7,7 +7,6 @@ picks a study up where the file says it stands.
 import argparse
 import json
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,9 +14,7 @@ from typing import Callable, Iterable, List, Sequence
 
 import torch
 
-from .scoring import USER_DIR
-
-BIN = Path(sys.executable).parent
+from .scoring import BIN, USER_DIR
 
 
 def data_arguments(description: str) -> argparse.ArgumentParser:
@@ -85,6 +82,7 @@ class Results:
         self.rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def run_of(self, row: dict) -> tuple:
+        """The values of ``key`` in ``row``: the run it belongs to (KeyError if one is missing)."""
         return tuple(row[k] for k in self.key)
 
     def add(self, rows: List[dict]):

@@ -18,6 +18,8 @@ from sacrebleu.metrics import BLEU
 
 #: The plugin's directory: fairseq's ``--user-dir``.
 USER_DIR = Path(__file__).resolve().parents[1]
+#: Where this Python's fairseq commands (``fairseq-train``, ``fairseq-generate``, ...) are.
+BIN = Path(sys.executable).parent
 
 
 def read_hypotheses(path):
@@ -41,7 +43,7 @@ def generate(data, checkpoint, out, bpe_codes, beam, lenpen, *extra, subset="tes
     Raises:
         subprocess.CalledProcessError: if fairseq-generate fails (its log in ``stderr``).
     """
-    cmd = [Path(sys.executable).parent / "fairseq-generate", data, "--user-dir", USER_DIR,
+    cmd = [BIN / "fairseq-generate", data, "--user-dir", USER_DIR,
            "--path", checkpoint, "--gen-subset", subset, *(["--cpu"] if cpu else []), "--beam", beam, "--lenpen", lenpen,
            "--batch-size", "128", "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", bpe_codes,
            "--source-lang", source_lang, "--target-lang", target_lang, *extra]

@@ -1,6 +1,7 @@
 """The settings the Multi30k experiments share: the model body, the optimisation flags and the
-criterion of an arch. The quick start, the comparison, the claims study, the latent-depth recipe,
-the benchmarks and the tests take them from here.
+criterion of an arch. The quick start, the comparison, the claims study, the benchmarks and the
+tests take them from here (the latent-depth one-to-many recipe keeps its own, matched to the
+authors' example it runs beside).
 
     python -m fairseq_widearch.experiments.settings criterion ARCH     # the arch's criterion
     python -m fairseq_widearch.experiments.settings quickstart         # its optimisation flags, one per line

@@ -43,8 +43,7 @@ from ..cli.average_checkpoints import average
 from ..cli.plotting import pyplot
 from . import runner
 from .claims import CLAIMS, Claim, System
-from .runner import BIN
-from .scoring import USER_DIR, corpus_bleu, generate
+from .scoring import BIN, USER_DIR, corpus_bleu, generate
 from .settings import OPTIMISATION, criterion_flags
 
 #: The repository's examples: the study runs from a checkout (stage 3's targets come from a recipe's script).
