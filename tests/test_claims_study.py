@@ -106,12 +106,36 @@ def test_the_scalable_path_trains_three_stages_and_scores_every_width(multi30k_b
     # each width validated and decoded as its own sub-Transformer, not the widest twice
     assert narrow["valid_loss"] != wide["valid_loss"]
     assert len(study.curve(run, TINY["tiny_scalable"].systems[0])) == 3  # stages 1-3, an epoch each
+    # each second counted once: a fine-tuned stage's clock starts where its parent's stopped
+    clocks = [json.loads((run / f"stage{i}" / "training.json").read_text())["train_seconds"] for i in (1, 2, 3)]
+    assert clocks == sorted(clocks)
+    distillation = json.loads((run / "distilled.json").read_text())["seconds"]
+    assert wide["train_seconds"] == pytest.approx(clocks[-1] + distillation, abs=0.1)
     # Interrupted after training, before its rows were written: scored again, no stage retrained.
     logs = {p: p.stat().st_size for p in run.rglob("train.log")}
     (tmp_path / "results.jsonl").unlink()
     _, again = run_study(multi30k_bin, tmp_path, max_epoch=1, claims="tiny_scalable")
     assert again == rows
     assert {p: p.stat().st_size for p in logs} == logs
+
+
+def test_scalable_stages_2_and_3_train_table_4s_share_of_stage_1s_epochs(tmp_path, monkeypatch):
+    """Stage 1 to convergence, then stages 2 and 3 for as many and half as many epochs (Table 4),
+    not stopped by a validation loss that distillation raises."""
+    stops = []
+
+    def train(data, save, flags, stop, cpu):
+        stops.append([str(f) for f in stop])
+        return {"epochs": 7 if len(stops) == 1 else 0, "updates": 10, "train_seconds": 1.0}
+
+    monkeypatch.setattr(runner, "fairseq_train", train)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "distilled.json").write_text('{"seconds": 1.0}')
+    args = Namespace(data=tmp_path, max_epoch=40, patience=3, device="cpu")
+    study.train_scalable(args, TINY["tiny_scalable"].systems[0], run, 1)
+    assert [s[:2] for s in stops] == [["--max-epoch", "40"], ["--max-epoch", "7"], ["--max-epoch", "3"]]
+    assert ["--patience" in s for s in stops] == [True, False, False]
 
 
 def test_a_failed_run_does_not_cost_the_rows_of_the_runs_beside_it(tmp_path, monkeypatch):
