@@ -1,4 +1,7 @@
 """The comparison's measurements (fairseq_widearch.experiments.compare)."""
+import json
+import threading
+
 import pytest
 
 from fairseq_widearch.experiments import compare
@@ -34,25 +37,59 @@ def test_the_table_gives_mean_and_spread_over_seeds_and_the_side_by_side_speed()
                                "not measured | not measured |")
 
 
+def test_every_missing_run_trains_once_on_the_device_asked_jobs_at_a_time(tmp_path, monkeypatch):
+    row = {"width": 0, "params": 3e6, "macs": 6e7, "max_update": 1320, "updates": 1320, "cut_short": False,
+           "decode_sentences_per_s": 150.0, "bleu_signature": "nrefs:1", "bleu": 35.0, "train_wall_s": 60.0}
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps({**row, "system": "transformer", "seed": 1}) + "\n")
+    calls, at_once, running = [], [], set()
+    lock = threading.Lock()
+    both_running = threading.Barrier(2, timeout=10)
+
+    def run_system(args, name, seed):
+        with lock:
+            running.add((name, seed))
+            at_once.append(len(running))
+        if (name, seed) in {("transformer", 2), ("widenet", 1)}:
+            both_running.wait()  # the first two jobs must run at the same time
+        with lock:
+            running.discard((name, seed))
+            calls.append((name, seed, args.device))
+        return [{**row, "system": name, "seed": seed}]
+
+    monkeypatch.setattr(compare, "run_system", run_system)
+    monkeypatch.setattr(compare, "matmul_peak_flops", lambda: 1e9)
+    monkeypatch.setattr(compare, "side_by_side_throughput", lambda systems, data, peak: {
+        name: {"train_tokens_per_s": 1.0, "train_flops_per_token": 1.0, "utilisation": 0.1} for name in systems})
+    compare.main(["--data", str(tmp_path), "--bpe-codes", "codes", "--ref", "ref", "--work-dir", str(tmp_path),
+                  "--systems", "transformer,widenet", "--seeds", "1,2", "--device", "cuda", "--jobs", "2",
+                  "--results", str(results), "--figure", str(tmp_path / "figure.png")])
+    assert sorted(calls) == [("transformer", 2, "cuda"), ("widenet", 1, "cuda"), ("widenet", 2, "cuda")]
+    assert max(at_once) == 2
+    assert len(results.read_text().splitlines()) == 4
+
+
 @pytest.mark.slow
-def test_training_flops_per_token_count_forward_and_backward(tiny_checkpoint, multi30k_bin):
+def test_training_flops_per_token_count_forward_and_backward(multi30k_bin):
     from fairseq_widearch.experiments.counting import count_macs
-    from fairseq import checkpoint_utils
-    checkpoint = tiny_checkpoint("partialformer_tiny") / "checkpoint_last.pt"
-    per_token = compare.training_flops_per_token(checkpoint, str(multi30k_bin), batches=2)
-    [model], _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], arg_overrides={"data": str(multi30k_bin)})
-    forward = 2 * count_macs(model, 20, 20) / 20  # FLOPs per target token of a 20 + 20 pair
+    setup = compare.training_setup(["--arch", "partialformer_tiny"], str(multi30k_bin), batches=2)
+    per_token = compare.training_flops_per_token(setup)
+    forward = 2 * count_macs(setup[0], 20, 20) / 20  # FLOPs per target token of a 20 + 20 pair
     # backward costs about twice the forward; batch lengths differ from 20 + 20, hence the wide band
     assert 2 * forward < per_token < 5 * forward
 
 
 @pytest.mark.slow
-def test_side_by_side_throughput_times_every_system_in_one_process(tiny_checkpoint, multi30k_bin):
-    checkpoints = {arch: tiny_checkpoint(arch) / "checkpoint_last.pt"
-                   for arch in ("partialformer_tiny", "multipath_transformer_tiny")}
-    speeds = compare.side_by_side_throughput(checkpoints, str(multi30k_bin), peak=1e6, batches=1, rounds=2)
-    assert set(speeds) == set(checkpoints)
+def test_side_by_side_throughput_times_every_system_in_one_process_without_checkpoints(multi30k_bin):
+    """Each system built afresh from its training flags, the scalable model under its own task in stage 2."""
+    systems = {"partialformer_tiny": ["--arch", "partialformer_tiny"],
+               "scalable_transformer": compare.training_flags("scalable_transformer")}
+    speeds = compare.side_by_side_throughput(systems, str(multi30k_bin), peak=1e6, batches=1, rounds=2)
+    assert set(speeds) == set(systems)
     for speed in speeds.values():
         assert speed["train_tokens_per_s"] > 0 and speed["train_flops_per_token"] > 0
         flops_per_s = speed["train_flops_per_token"] * speed["train_tokens_per_s"]
         assert speed["utilisation"] == pytest.approx(flops_per_s / 1e6, rel=1e-3)
+    # stage 2 trains every width of the scalable model: more FLOPs per token than its widest alone
+    widest = compare.training_setup(compare.SYSTEMS["scalable_transformer"], str(multi30k_bin), batches=1)
+    assert speeds["scalable_transformer"]["train_flops_per_token"] > compare.training_flops_per_token(widest)

@@ -2,7 +2,7 @@
 
     python -m fairseq_widearch.experiments.compare --data BIN --bpe-codes CODES --ref REFERENCE
         [--max-update 1320] [--seeds 1,2] [--minutes M] [--work-dir runs/compare] [--systems a,b,...]
-        [--results FILE] [--figure PNG]
+        [--device cpu|cuda] [--jobs 1] [--results FILE] [--figure PNG]
 
 Every system trains the same number of updates (``--max-update``; the scalable model
 ``SCALABLE_STAGE1_SHARE`` of them in stage 1, the rest in stage 2) with the same flags, at every
@@ -12,14 +12,17 @@ and ``macs`` (one teacher-forced 20 + 20-token pair; ``fairseq_widearch.cli.stat
 ``train_wall_s`` (fairseq's wall clock: this machine's speed moves 25-40 % from day to day, so it
 is reported, never compared), ``decode_sentences_per_s`` (fairseq-generate's own timing) and
 sacreBLEU with its signature. ``--minutes`` is an upper bound on a run's training time; a run it
-cuts short is recorded with its updates and flagged in the table.
+cuts short is recorded with its updates and flagged in the table. ``--device cuda`` trains and
+decodes on the GPU (fp32; each row records its device) and ``--jobs N`` runs N at once.
 
 Training speed is measured apart, side by side in one process (:func:`side_by_side_throughput`):
-every system's checkpoint of the first seed runs the same number of real training batches through
-its task's ``train_step`` (forward and backward), in alternating rounds, so that whatever else the
-machine does weighs on every system alike. It gives ``train_tokens_per_s`` (target tokens per
-second), ``train_flops_per_token`` (``torch.utils.flop_counter``) and ``utilisation``
-(FLOPs/token × tokens/s over this machine's fp32 matmul peak, measured in the same process).
+every system, built afresh from its training flags (the scalable model's stage 2), runs the same
+number of real training batches through its task's ``train_step`` (forward and backward), in
+alternating rounds, so that whatever else the machine does weighs on every system alike; it needs
+no checkpoint, so the rows of runs made elsewhere (on a GPU, say) gain a CPU speed measured here. It gives
+``train_tokens_per_s`` (target tokens per second), ``train_flops_per_token``
+(``torch.utils.flop_counter``) and ``utilisation`` (FLOPs/token × tokens/s over this machine's fp32
+matmul peak, measured in the same process).
 
 Rows go to ``--results`` (default ``WORK/results.jsonl``; a run already there is skipped, so a
 file kept apart from WORK carries the comparison across machines; an interrupted training resumes,
@@ -40,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..cli.plotting import pyplot
 from . import runner
 from .counting import count_macs, matmul_peak_flops, param_counts, sub_transformer_param_counts
-from .scoring import corpus_bleu, generate
+from .scoring import USER_DIR, corpus_bleu, generate
 from .settings import BODY, OPTIMISATION, PRE_NORM, criterion_flags
 
 SCALABLE = ["--arch", "scalable_transformer_multi30k", "--encoder-embed-dim", "192", "--encoder-ffn-embed-dim",
@@ -65,6 +68,7 @@ SCALABLE_WIDTHS = (64, 128, 192)
 #: fresh Adam warming up from half the peak learning rate. Stage 3 is left out: decoding the
 #: training set would cost more than the budget.
 SCALABLE_STAGE1_SHARE = 0.6
+SCALABLE_STAGE2 = ("--distill-stage", "2", "--lambda2-anneal-updates", "100", "--warmup-init-lr", "0.0015")
 
 
 def training_updates(*logs: str) -> int:
@@ -90,11 +94,16 @@ class _Backward:
         loss.backward()
 
 
-def training_setup(checkpoint: Path, data: str, batches: int):
-    """(model, criterion, task, the first ``batches`` training batches) of a trained checkpoint."""
-    from fairseq import checkpoint_utils
-    [model], cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": data})
-    criterion = task.build_criterion(cfg.criterion)
+def training_setup(flags, data: str, batches: int):
+    """(model, criterion, task, the first ``batches`` training batches) of a system built afresh from
+    its training ``flags``, as fairseq-train builds it: a model's speed does not depend on its
+    weights, so training speed is measured on any machine, without the runs' checkpoints."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    argv = [data, "--user-dir", str(USER_DIR), *OPTIMISATION, *flags, *criterion_flags(flags)]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    task = tasks.setup_task(cfg.task)
+    model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     task.load_dataset("train")
     iterator = task.get_batch_iterator(task.dataset("train"), max_tokens=cfg.dataset.max_tokens, seed=1,
                                        max_positions=model.max_positions()).next_epoch_itr(shuffle=True)
@@ -111,24 +120,24 @@ def train_steps(setup, update_num: int = 1000) -> int:
     return sum(sample["ntokens"] for sample in samples)
 
 
-def training_flops_per_token(checkpoint: Path, data: str, batches: int = 4) -> float:
-    """FLOPs of ``batches`` training steps (forward + backward through the task's ``train_step``,
-    the checkpoint's own criterion) per target token, counted by ``torch.utils.flop_counter``
-    (attention through the math SDPA kernel so its matmuls are seen)."""
-    setup, counter = training_setup(checkpoint, data, batches), FlopCounterMode(display=False)
+def training_flops_per_token(setup) -> float:
+    """FLOPs of the training steps of ``setup`` (forward + backward through the task's
+    ``train_step``, the system's own criterion) per target token, counted by
+    ``torch.utils.flop_counter`` (attention through the math SDPA kernel so its matmuls are seen)."""
+    counter = FlopCounterMode(display=False)
     with sdpa_kernel(SDPBackend.MATH), counter:
         tokens = train_steps(setup)
     return counter.get_total_flops() / tokens
 
 
-def side_by_side_throughput(checkpoints: Dict[str, Path], data: str, peak: float, batches: int = 4,
+def side_by_side_throughput(systems: Dict[str, list], data: str, peak: float, batches: int = 4,
                             rounds: int = 3) -> Dict[str, dict]:
-    """``{system: {train_tokens_per_s, train_flops_per_token, utilisation}}``: each checkpoint's
-    first ``batches`` training batches, forward and backward, timed in ``rounds`` alternating
-    rounds in this process (the order rotates every round; one untimed warm-up round first).
-    Tokens/s = Σ target tokens / Σ seconds over the timed rounds; utilisation = FLOPs/token ×
-    tokens/s / ``peak`` (FLOP/s)."""
-    setups = {name: training_setup(path, data, batches) for name, path in checkpoints.items()}
+    """``{system: {train_tokens_per_s, train_flops_per_token, utilisation}}`` for ``systems``
+    (name -> training flags, built afresh: :func:`training_setup`): the first ``batches`` training
+    batches, forward and backward, timed in ``rounds`` alternating rounds in this process (the
+    order rotates every round; one untimed warm-up round first). Tokens/s = Σ target tokens / Σ
+    seconds over the timed rounds; utilisation = FLOPs/token × tokens/s / ``peak`` (FLOP/s)."""
+    setups = {name: training_setup(flags, data, batches) for name, flags in systems.items()}
     names, tokens, seconds = list(setups), dict.fromkeys(setups, 0), dict.fromkeys(setups, 0.0)
     for name in names:  # warm-up
         train_steps(setups[name])
@@ -138,8 +147,8 @@ def side_by_side_throughput(checkpoints: Dict[str, Path], data: str, peak: float
             tokens[name] += train_steps(setups[name])
             seconds[name] += time.perf_counter() - start
     speeds = {}
-    for name, path in checkpoints.items():
-        per_s, flops = tokens[name] / seconds[name], training_flops_per_token(path, data, batches)
+    for name, setup in setups.items():
+        per_s, flops = tokens[name] / seconds[name], training_flops_per_token(setup)
         speeds[name] = {"train_tokens_per_s": round(per_s, 1), "train_flops_per_token": round(flops),
                         "utilisation": round(flops * per_s / peak, 4)}
     return speeds
@@ -158,7 +167,7 @@ def model_size(checkpoint: Path, data: str, width: int = 0) -> dict:
 def decode(args, checkpoint: Path, out: Path, width: int = 0) -> dict:
     """Decode test_2016 with fairseq-generate; sentences/s (its own timing) and sacreBLEU."""
     task = ["--task", "scalable_translation", "--eval-width", width] if width else []
-    log = generate(args.data, checkpoint, out, args.bpe_codes, args.beam, args.lenpen, *task)
+    log = generate(args.data, checkpoint, out, args.bpe_codes, args.beam, args.lenpen, *task, cpu=args.device == "cpu")
     speed = re.search(r"Translated .* \(([\d.]+) sentences/s", log)
     score, signature = corpus_bleu(out, args.ref)
     return {"decode_sentences_per_s": float(speed.group(1)), "bleu": round(score.score, 2),
@@ -172,7 +181,8 @@ def train(args, flags, save: Path, seed: int, updates: int, *extra) -> str:
     limit = ["--stop-time-hours", f"{args.minutes / 60:.6f}"] if args.minutes else []
     runner.fairseq_train(args.data, save, [*OPTIMISATION, "--seed", seed, *flags, *criterion_flags(flags), *extra,
                                            "--no-epoch-checkpoints"],
-                         stop=["--max-update", updates, "--max-epoch", 1000, *limit], log_interval=50)
+                         stop=["--max-update", updates, "--max-epoch", 1000, *limit], cpu=args.device == "cpu",
+                         log_interval=50)
     return (save / "train.log").read_text()
 
 
@@ -189,17 +199,21 @@ def train_system(args, name: str, seed: int) -> list:
         return [train(args, SYSTEMS[name], save, seed, args.max_update)]
     stage1, first = save / "stage1", round(args.max_update * SCALABLE_STAGE1_SHARE)
     log = train(args, SYSTEMS[name], stage1, seed, first, "--distill-stage", "1")
-    return [log, train(args, SYSTEMS[name], save, seed, args.max_update - first, "--distill-stage", "2",
-                       "--lambda2-anneal-updates", "100", "--warmup-init-lr", "0.0015",
+    return [log, train(args, SYSTEMS[name], save, seed, args.max_update - first, *SCALABLE_STAGE2,
                        "--finetune-from-model", stage1 / "checkpoint_last.pt")]
+
+
+def training_flags(name: str) -> list:
+    """The flags a system's (last) training runs with: the scalable model's stage 2."""
+    return [*SYSTEMS[name], *SCALABLE_STAGE2] if name == "scalable_transformer" else SYSTEMS[name]
 
 
 def run_system(args, name: str, seed: int) -> list:
     """Train and decode one system at one seed: one result row, or one per width of the scalable model."""
     logs = train_system(args, name, seed)
     checkpoint = run_dir(args, name, seed) / "checkpoint_last.pt"
-    training = {"seed": seed, "max_update": args.max_update, "updates": training_updates(*logs),
-                "train_wall_s": training_wall_seconds(*logs), "cut_short": cut_short(*logs)}
+    training = {"seed": seed, "device": args.device, "max_update": args.max_update,
+                "updates": training_updates(*logs), "train_wall_s": training_wall_seconds(*logs), "cut_short": cut_short(*logs)}
     widths = SCALABLE_WIDTHS if name == "scalable_transformer" else (0,)
     rows = []
     for width in widths:
@@ -278,6 +292,8 @@ def main(argv=None):
     p.add_argument("--minutes", type=float, default=0, help="upper bound on a run's training time; 0 = none")
     p.add_argument("--work-dir", type=Path, default=Path("runs") / "compare")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the runs train and decode")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once (on a GPU many small runs share the device)")
     p.add_argument("--beam", default="5")
     p.add_argument("--lenpen", default="1.0")
     p.add_argument("--results", type=Path, help="the results file, one row per run (default WORK/results.jsonl)")
@@ -290,19 +306,20 @@ def main(argv=None):
     args.work_dir.mkdir(parents=True, exist_ok=True)
     results = runner.Results(args.results or args.work_dir / "results.jsonl", key=("system", "seed"))
     speed_file = args.work_dir / "throughput.json"
-    for seed in args.seeds:
-        for name in systems:
-            if any(r["system"].split(" ")[0] == name and r["seed"] == seed for r in results.rows):
-                continue
-            print(f"| {name}, seed {seed}: training {args.max_update} updates", flush=True)
-            results.add(run_system(args, name, seed))
+    todo = [(name, seed) for seed in args.seeds for name in systems
+            if not any(r["system"].split(" ")[0] == name and r["seed"] == seed for r in results.rows)]
+
+    def run(name: str, seed: int):
+        print(f"| {name}, seed {seed}: training {args.max_update} updates", flush=True)
+        results.add(run_system(args, name, seed))
+
+    runner.run_jobs(run, todo, args.jobs)
     rows = results.rows
     speeds = json.loads(speed_file.read_text()) if speed_file.exists() else {}
     if set(systems) - set(speeds):
         peak = matmul_peak_flops()  # fp32, this CPU, in this process
         print(f"| fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s; training speed side by side", flush=True)
-        checkpoints = {name: run_dir(args, name, args.seeds[0]) / "checkpoint_last.pt" for name in systems}
-        speeds = side_by_side_throughput(checkpoints, args.data, peak)
+        speeds = side_by_side_throughput({name: training_flags(name) for name in systems}, args.data, peak)
         speed_file.write_text(json.dumps({**speeds, "matmul_peak_gflops": round(peak / 1e9, 1)}, indent=1))
     summary = summarise([r for r in rows if r["system"].split(" ")[0] in systems], speeds)
     print(table(summary))
