@@ -4,10 +4,12 @@ Importing this package (``--user-dir fairseq_widearch``) registers every model, 
 preset, criterion and task, lets torch >= 2.6 load fairseq checkpoints safely
 (:mod:`fairseq_widearch.checkpoint_loading`), and fixes fairseq's silent errors
 (:mod:`fairseq_widearch.fairseq_fixes`: every sentence batched, no auxiliary loss dropped,
-``--patience`` kept across a resumed run, ``--amp``'s loss-scale flags obeyed).
+``--patience`` kept across a resumed run, ``--amp``'s loss-scale flags obeyed, ``--bf16`` without a
+TPU, in training and decoding).
 """
 from .checkpoint_loading import allow_fairseq_checkpoint_globals, name_unreadable_checkpoints
-from .fairseq_fixes import amp_loss_scaler_flags, keep_last_batch, require_auxiliary_criterion, resume_patience
+from .fairseq_fixes import (amp_loss_scaler_flags, bf16_inference, bf16_without_tpu, keep_last_batch,
+                            require_auxiliary_criterion, resume_patience)
 
 allow_fairseq_checkpoint_globals()
 name_unreadable_checkpoints()
@@ -15,6 +17,8 @@ keep_last_batch()
 require_auxiliary_criterion()
 resume_patience()
 amp_loss_scaler_flags()
+bf16_without_tpu()
+bf16_inference()
 
 from . import criterions, models, modules, tasks  # noqa: E402  (registration)
 

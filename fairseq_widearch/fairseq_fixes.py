@@ -12,14 +12,22 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
 * :func:`amp_loss_scaler_flags`: ``--amp`` starts its loss scale at ``--fp16-init-scale`` instead
   of ``--amp-init-scale``, and ``--amp-scale-window W`` grows the scale every
   ``--amp-init-scale`` updates instead of every W.
+* :func:`bf16_without_tpu`: ``fairseq-train --bf16`` turns on ``--tpu`` (upstream issue #4696), and
+  without torch_xla fails at start, on a GPU as on a CPU.
+* :func:`bf16_inference`: ``fairseq-generate --bf16`` (and ``fairseq-interactive``, the hub
+  interface) decodes in fp32, ignoring the flag.
 """
 import functools
+import importlib.util
+import sys
 from typing import Optional
 
 import numpy as np
 import torch
 from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.data import data_utils
+from fairseq.distributed import utils as distributed_utils
+from fairseq.models import BaseFairseqModel
 from fairseq.optim.amp_optimizer import AMPOptimizer
 from fairseq.trainer import Trainer
 
@@ -153,3 +161,54 @@ def amp_loss_scaler_flags():
 
     __init__.uses_amp_flags = True
     AMPOptimizer.__init__ = __init__
+
+
+def bf16_without_tpu():
+    """Let ``--bf16`` / ``--memory-efficient-bf16`` train where there is no TPU.
+
+    fairseq's ``options.parse_args_and_arch`` sets ``args.tpu = True`` whenever ``--bf16`` is given
+    (upstream issue #4696), so ``fairseq-train --bf16`` on a GPU or a CPU dies in
+    ``utils.get_tpu_device`` ("'NoneType' object has no attribute 'xla_device'"). Apart from that
+    line, fairseq's trainer has a whole bf16 path: the model and criterion cast to bf16, batches'
+    floats cast, ``FP16Optimizer`` (or ``MemoryEfficientFP16Optimizer``) keeping fp32 master weights,
+    and no loss scaler. The plugin is imported inside that parse, after the line's function started,
+    so the fix sits at the next step, ``distributed_utils.call_main``: there ``--tpu`` goes back
+    to False when ``--bf16`` is on, ``--tpu`` was not on the command line and torch_xla is not
+    installed (where it is, ``--bf16`` keeps meaning a TPU, as upstream). Idempotent.
+    """
+    original = distributed_utils.call_main
+    if getattr(original, "bf16_without_tpu", False):
+        return
+
+    @functools.wraps(original)
+    def call_main(cfg, main, **kwargs):
+        implied = cfg.common.bf16 and cfg.common.tpu and "--tpu" not in sys.argv
+        if implied and importlib.util.find_spec("torch_xla") is None:
+            cfg.common.tpu = cfg.distributed_training.tpu = False  # the latter a copy, not a reference
+        return original(cfg, main, **kwargs)
+
+    call_main.bf16_without_tpu = True
+    distributed_utils.call_main = call_main
+
+
+def bf16_inference():
+    """Cast a model to bf16 for inference under ``--bf16``.
+
+    ``fairseq-generate`` and ``fairseq-interactive`` cast the model to fp16 under ``--fp16`` and do
+    nothing under ``--bf16``, so the flag is accepted and the model decodes in fp32. Every inference
+    entry point (those two, the hub interface) calls ``model.prepare_for_inference_(cfg)`` once the
+    model is on its device: this wrapper casts there. Log-probabilities stay fp32 (fairseq's
+    ``log_softmax`` runs in fp32), as with ``--fp16``. Idempotent.
+    """
+    original = BaseFairseqModel.prepare_for_inference_
+    if getattr(original, "casts_bf16", False):
+        return
+
+    @functools.wraps(original)
+    def prepare_for_inference_(self, cfg):
+        if getattr(cfg.common, "bf16", False):
+            self.to(dtype=torch.bfloat16)
+        return original(self, cfg)
+
+    prepare_for_inference_.casts_bf16 = True
+    BaseFairseqModel.prepare_for_inference_ = prepare_for_inference_

@@ -17,6 +17,11 @@ PLUGIN_MODELS = {cls for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__modul
 #: Every architecture the plugin registers, through its `_tiny` preset.
 TINY_ARCHS = sorted(name for name, cls in ARCH_MODEL_REGISTRY.items()
                     if cls in PLUGIN_MODELS and name.endswith("_tiny"))
+#: The flags each `_tiny` preset trains with beyond its arch: the scalable one under its own task and
+#: self-distillation criterion in stage 2 (every width, the word-level distillation KL).
+SCALABLE_STAGE2_TASK = ["--task", "scalable_translation", "--criterion", "scalable_self_distillation",
+                        "--distill-stage", "2"]
+TINY_CASES = {arch: SCALABLE_STAGE2_TASK if arch.startswith("scalable") else [] for arch in TINY_ARCHS}
 
 
 def pytest_configure(config):

@@ -1,0 +1,121 @@
+"""bf16 without a TPU (README, "What else the plugin fixes"; ``fairseq_fixes.bf16_without_tpu`` and
+``bf16_inference``): fairseq turns ``--bf16`` into ``--tpu`` and fails without torch_xla, and its
+decoders ignore ``--bf16``. On the CPU: every ``_tiny`` preset (the scalable one under its task)
+trains with ``--cpu --bf16``, bf16 parameters and fp32 master weights, a finite and falling loss;
+its checkpoint decodes every test sentence with and without ``--bf16``. The CUDA tier
+(tests/cuda) trains the same in bf16 to a model that translates and compares the BLEU."""
+import json
+import math
+import sys
+
+import pytest
+import torch
+from fairseq import options
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.distributed import utils as distributed_utils
+from omegaconf import OmegaConf
+
+from conftest import REPO, TINY_ARCHS, TINY_CASES, TRAIN_FLAGS, criterion_for, run
+from fairseq_widearch.experiments.scoring import corpus_bleu, generate, read_hypotheses
+from fairseq_widearch.model_builder import build_model
+
+UPDATES = 12
+#: bf16 decoding of a 12-update model may differ from its fp32 decoding by this much sacreBLEU
+#: (both are near 0 here; the CUDA tier compares models that translate, within 1.0).
+BLEU_TOLERANCE = 1.0
+
+
+def bf16_train(data, save, arch, *precision):
+    """fairseq-train ``arch`` in bf16 on the CPU; -> one record per update (tests/helpers/dtype_recorder.py)."""
+    extra = TINY_CASES[arch]
+    criterion = [] if "--criterion" in extra else criterion_for(arch)
+    flags = [f if f != "0.001" else "0.003" for f in TRAIN_FLAGS]  # lr 0.003: a loss that falls in 12 updates
+    out = run([sys.executable, REPO / "tests" / "helpers" / "dtype_recorder.py", data, "--user-dir",
+               REPO / "fairseq_widearch", "--arch", arch, "--save-dir", save, "--max-update", UPDATES, *flags,
+               *criterion, *extra, *(precision or ["--bf16"])]).stdout
+    return [json.loads(line[len("| update "):]) for line in out.splitlines() if line.startswith("| update ")]
+
+
+@pytest.fixture(scope="module")
+def bf16_trained(tmp_path_factory, multi30k_bin):
+    """arch -> (its save directory, its update records), each trained once."""
+    done = {}
+
+    def get(arch):
+        if arch not in done:
+            save = tmp_path_factory.mktemp(f"{arch}_bf16")
+            done[arch] = save, bf16_train(multi30k_bin, save, arch)
+        return done[arch]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_every_tiny_preset_trains_in_bf16_on_the_cpu(arch, bf16_trained):
+    _, records = bf16_trained(arch)
+    assert len(records) == UPDATES
+    assert all(r["params"] == ["torch.bfloat16"] and r["master"] == ["torch.float32"] for r in records), records[0]
+    losses = [r["loss"] for r in records]
+    assert all(math.isfinite(loss) for loss in losses), losses
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
+
+
+@pytest.mark.slow
+def test_memory_efficient_bf16_trains_bf16_parameters_without_a_master_copy(tmp_path, multi30k_bin):
+    records = bf16_train(multi30k_bin, tmp_path, "multipath_transformer_tiny", "--memory-efficient-bf16")
+    assert {r["optimizer"] for r in records} == {"MemoryEfficientFP16Optimizer"}
+    assert all(r["params"] == ["torch.bfloat16"] and r["master"] == [] for r in records)
+    assert all(math.isfinite(r["loss"]) for r in records)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_a_bf16_checkpoint_decodes_every_sentence_with_and_without_bf16(arch, bf16_trained, multi30k_bin, tmp_path):
+    save, _ = bf16_trained(arch)
+    work = multi30k_bin.parent
+    bleu = {}
+    for name, flags in (("fp32", []), ("bf16", ["--bf16"])):
+        out = tmp_path / f"{name}.txt"
+        generate(multi30k_bin, save / "checkpoint_last.pt", out, work / "bpe" / "codes", 2, "1.0",
+                 *TINY_CASES[arch][:2], "--max-len-a", "0", "--max-len-b", "8", *flags)
+        assert len(read_hypotheses(out)) == len((work / "test.ref.de").read_text().splitlines())
+        bleu[name] = corpus_bleu(out, work / "test.ref.de")[0].score
+    assert abs(bleu["bf16"] - bleu["fp32"]) <= BLEU_TOLERANCE, bleu
+
+
+def training_cfg(tmp_path, *flags):
+    parsed = options.parse_args_and_arch(options.get_training_parser(),
+                                         [str(tmp_path), "--arch", "transformer", "--cpu", *flags])
+    return convert_namespace_to_omegaconf(parsed)
+
+
+def tpu_seen_by_main(cfg):
+    seen = []
+    distributed_utils.call_main(cfg, lambda c: seen.append((c.common.tpu, c.distributed_training.tpu)))
+    return seen[0]
+
+
+def test_bf16_trains_without_a_tpu_where_torch_xla_is_absent(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["fairseq-train", str(tmp_path), "--bf16"])
+    cfg = training_cfg(tmp_path, "--bf16")
+    assert cfg.common.tpu  # fairseq's own parse turns --bf16 into --tpu (upstream #4696)
+    assert tpu_seen_by_main(cfg) == (False, False)
+
+
+def test_bf16_keeps_meaning_a_tpu_with_torch_xla_or_an_explicit_tpu_flag(tmp_path, monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "torch_xla" else find_spec(name, *a))
+    assert tpu_seen_by_main(training_cfg(tmp_path, "--bf16")) == (True, True)
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "argv", ["fairseq-train", str(tmp_path), "--bf16", "--tpu"])
+    assert tpu_seen_by_main(training_cfg(tmp_path, "--bf16", "--tpu")) == (True, True)
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_inference_casts_the_model_to_bf16_only_under_bf16(bf16):
+    model = build_model("multipath_transformer_tiny", vocab_size=100)
+    model.prepare_for_inference_(OmegaConf.create({"common": {"bf16": bf16}, "generation": {"beam": 5}}))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16 if bf16 else torch.float32}
