@@ -206,7 +206,7 @@ def bf16_inference():
 
     @functools.wraps(original)
     def prepare_for_inference_(self, cfg):
-        if getattr(cfg.common, "bf16", False):
+        if getattr(getattr(cfg, "common", None), "bf16", False):
             self.to(dtype=torch.bfloat16)
         return original(self, cfg)
 
