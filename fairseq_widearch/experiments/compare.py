@@ -213,7 +213,8 @@ def run_system(args, name: str, seed: int) -> list:
     logs = train_system(args, name, seed)
     checkpoint = run_dir(args, name, seed) / "checkpoint_last.pt"
     training = {"seed": seed, "device": args.device, "max_update": args.max_update,
-                "updates": training_updates(*logs), "train_wall_s": training_wall_seconds(*logs), "cut_short": cut_short(*logs)}
+                "updates": training_updates(*logs), "train_wall_s": training_wall_seconds(*logs),
+                "cut_short": cut_short(*logs)}
     widths = SCALABLE_WIDTHS if name == "scalable_transformer" else (0,)
     rows = []
     for width in widths:
