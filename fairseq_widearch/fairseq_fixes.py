@@ -6,7 +6,10 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
   epoch, validation pass and decoding run when its size is not a multiple of
   ``--required-batch-size-multiple`` (upstream issues #5036, #5351).
 * :func:`require_auxiliary_criterion`: a model whose objective has auxiliary losses (WideNet's
-  balance loss, latent depth's KL and target depth) trained with a criterion that drops them.
+  balance loss, latent depth's KL and target depth) trained with a criterion that drops them. The
+  same start-up hook tells the plugin's decoders when the criterion reads alignments in training
+  (``label_smoothed_cross_entropy_with_alignment``; else they compute none there,
+  :class:`fairseq_widearch.models.base.AlignmentsWhenRead`).
 * :func:`resume_patience`: a resumed ``fairseq-train --patience N`` forgets how many validations
   had not improved, and takes its first validation after resuming as the best.
 * :func:`amp_loss_scaler_flags`: ``--amp`` starts its loss scale at ``--fp16-init-scale`` instead
@@ -76,9 +79,20 @@ def auxiliary_criterion_error(model, criterion) -> Optional[str]:
             f"train with --criterion {needed}")
 
 
+def alignments_for_criterion(model, criterion):
+    """The plugin's decoders compute no attention weights in training unless something reads them
+    (:class:`fairseq_widearch.models.base.AlignmentsWhenRead`): tell ``model``'s decoder to, when
+    ``criterion`` is fairseq's alignment-supervised one (it reads ``extra["attn"]``)."""
+    decoder = getattr(getattr(model, "module", model), "decoder", None)
+    if decoder is not None and isinstance(criterion, CRITERION_REGISTRY["label_smoothed_cross_entropy_with_alignment"]):
+        decoder.alignments_in_training = True
+
+
 def require_auxiliary_criterion():
     """Stop fairseq-train at start-up (when its ``Trainer`` is built) if the criterion would drop
-    the model's auxiliary losses, with a message naming the criterion to use. Idempotent."""
+    the model's auxiliary losses, with a message naming the criterion to use; and let the model
+    compute alignments in training where the criterion reads them (:func:`alignments_for_criterion`).
+    Idempotent."""
     original = Trainer.__init__
     if getattr(original, "checks_auxiliary_criterion", False):
         return
@@ -88,6 +102,7 @@ def require_auxiliary_criterion():
         error = auxiliary_criterion_error(model, criterion)
         if error:
             raise ValueError(error)
+        alignments_for_criterion(model, criterion)
         original(self, cfg, task, model, criterion, *args, **kwargs)
 
     __init__.checks_auxiliary_criterion = True

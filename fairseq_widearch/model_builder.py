@@ -42,5 +42,7 @@ def build_model(arch: str, argv: Sequence[str] = (), vocab_size: int = 1000,
     args = parse_arch_args(arch, argv)
     vars(args).update(overrides)
     src_dict = src_dict or dummy_dictionary(vocab_size)
-    task = SimpleNamespace(source_dictionary=src_dict, target_dictionary=tgt_dict or src_dict)
+    # targets padded on the right, as fairseq's translation tasks pad them by default
+    task = SimpleNamespace(source_dictionary=src_dict, target_dictionary=tgt_dict or src_dict,
+                           cfg=SimpleNamespace(left_pad_target=False))
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task)

@@ -184,12 +184,16 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(arch, flag):
 def test_alignment_is_the_cross_attention_of_the_alignment_layer(arch):
     """As fairseq's decoder: ``extra["attn"]`` holds the cross-attention weights of
     ``alignment_layer`` (default the last) averaged over its first ``alignment_heads`` heads,
-    ``(B, tgt_len, src_len)``, rows summing to 1 and zero on source padding, in training too."""
+    ``(B, tgt_len, src_len)``, rows summing to 1 and zero on source padding. In training only when
+    something reads them: an explicit ``alignment_layer`` or ``alignments_in_training``."""
     torch.manual_seed(0)
     model = build_model(arch, ["--dropout", "0.1"], vocab_size=VOCAB).train()
     src, lengths, prev = batch()
-    attn = model(src, lengths, prev)[1]["attn"][0]
-    assert attn.shape == (*prev.shape, src.size(1))
+    assert model(src, lengths, prev)[1]["attn"] == [None]
+    asked = model(src, lengths, prev, alignment_layer=model.decoder.num_layers - 1)[1]["attn"][0]
+    model.decoder.alignments_in_training = True
+    read = model(src, lengths, prev)[1]["attn"][0]
+    assert asked.shape == read.shape == (*prev.shape, src.size(1))
     model.eval()
     with torch.no_grad():
         last = model(src, lengths, prev)[1]["attn"][0]

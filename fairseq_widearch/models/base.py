@@ -45,6 +45,49 @@ def alignment_weights(attn: Optional[Tensor]) -> Dict[str, List[Tensor]]:
     return {} if attn is None else {"attn": [attn]}
 
 
+def targets_right_padded(task) -> bool:
+    """Whether ``task`` pads target sentences on the right: its ``left_pad_target`` (fairseq's
+    translation tasks, dataclass ``cfg`` or legacy ``args``) is False. A task without the setting
+    is not assumed to."""
+    config = getattr(task, "cfg", None) or getattr(task, "args", None)
+    return getattr(config, "left_pad_target", True) is False
+
+
+def use_causal_kernel(decoder: torch.nn.Module, enabled: bool = True):
+    """Let the decoder's self-attention modules that support it (a ``causal_kernel`` attribute)
+    run whole-sequence forwards on SDPA's own causal mask (``is_causal=True``, no mask tensor; see
+    :mod:`fairseq_widearch.modules.attention_utils`). Only valid where targets are right-padded;
+    ``enabled=False`` restores the additive masks."""
+    for module in decoder.modules():
+        if hasattr(module, "causal_kernel") and module.self_attention:
+            module.causal_kernel = enabled
+
+
+#: An ``alignment_layer`` that no layer has: no layer computes its attention weights.
+NO_ALIGNMENT = -1
+
+
+class AlignmentsWhenRead:
+    """Decoder mixin: a forward in training mode computes no attention weights (``extra["attn"]``
+    is ``[None]``) unless the caller names an ``alignment_layer`` (fairseq's alignment models do)
+    or ``alignments_in_training`` is set (by fairseq-train when the criterion reads them:
+    :func:`fairseq_widearch.fairseq_fixes.alignments_for_criterion`). fairseq's decoder computes
+    the last layer's cross-attention weights in every forward, which keeps that attention off the
+    fused kernels although no training loss reads them. Validation, scoring and generation (eval
+    mode) get them as before (``--print-alignment``)."""
+
+    alignments_in_training = False
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
+                         alignment_heads: Optional[int] = None):
+        if alignment_layer is None and self.training and not self.alignments_in_training:
+            alignment_layer = NO_ALIGNMENT
+        return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                        full_context_alignment=full_context_alignment,
+                                        alignment_layer=alignment_layer, alignment_heads=alignment_heads)
+
+
 #: Keys of fairseq's own ``encoder_out``; any other key is an auxiliary output of the model.
 FAIRSEQ_ENCODER_OUT_KEYS = {"encoder_out", "encoder_padding_mask", "encoder_embedding", "encoder_states",
                             "fc_results", "src_tokens", "src_lengths"}
@@ -75,7 +118,9 @@ class WideTransformerModel(TransformerModel):
             args = Namespace(**OmegaConf.to_container(args))  # fairseq would keep only TransformerConfig's keys
         cls.base_preset(args)
         cls.validate(args)
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        use_causal_kernel(model.decoder, targets_right_padded(task))
+        return model
 
     @classmethod
     def encoder_class_for(cls, cfg):
@@ -185,7 +230,7 @@ class LayerLoopEncoder(PerLayerBuild, TransformerEncoderBase):
         return {**{key: value for key, value in encoder_out.items() if key not in reordered}, **reordered}
 
 
-class LayerLoopDecoder(PerLayerBuild, TransformerDecoderBase):
+class LayerLoopDecoder(AlignmentsWhenRead, PerLayerBuild, TransformerDecoderBase):
     """fairseq's Transformer decoder with the layer loop left to ``run_layers`` (see
     :class:`LayerLoopEncoder`); the auxiliary outputs are added to the decoder's ``extra``."""
 

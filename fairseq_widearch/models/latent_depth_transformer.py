@@ -38,6 +38,7 @@ from torch import Tensor
 from ..modules.language_pair import LanguagePairIndex
 from ..modules.layer_select import INFERENCE_MODES, LayerSelect, logistic_noise
 from .base import (
+    NO_ALIGNMENT,
     LayerLoopDecoder,
     LayerLoopEncoder,
     WideTransformerModel,
@@ -169,7 +170,7 @@ def run_latent_layers(layers, select: Optional[LayerSelect], pair: Optional[Tens
     else:
         weights, aux = layer_weights(select, pair, stack, noise)
     computed = {i for i, weight in enumerate(weights) if select is None or not _skipped(select, weight)}
-    if alignment_layer is not None:  # the last computed layer up to it (else the first computed one)
+    if alignment_layer is not None and alignment_layer != NO_ALIGNMENT:  # the last computed layer up to it (else the first computed one)
         before = [i for i in computed if i <= alignment_layer]
         alignment_layer = max(before) if before else min(computed, default=-1)
     for i, (layer, weight) in enumerate(zip(layers, weights)):

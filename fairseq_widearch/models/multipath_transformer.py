@@ -32,7 +32,7 @@ from ..modules.multi_path import (
     MultiPathSublayer,
     PathFusion,
 )
-from .base import WideTransformerModel, added_defaults, wrap_layer
+from .base import AlignmentsWhenRead, WideTransformerModel, added_defaults, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 
@@ -148,7 +148,7 @@ class MultiPathTransformerEncoder(TransformerEncoderBase):
         return wrap_layer(MultiPathEncoderLayer(cfg), cfg)
 
 
-class MultiPathTransformerDecoder(TransformerDecoderBase):
+class MultiPathTransformerDecoder(AlignmentsWhenRead, TransformerDecoderBase):
     """fairseq's Transformer decoder; multi-path layers when ``--decoder-paths`` > 1."""
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):

@@ -1,8 +1,16 @@
 """What the plugin's own attention modules share: fairseq-style decoding caches of per-head keys
-and values ``(B, heads, S, head_dim)``, additive masks for ``F.scaled_dot_product_attention``, and
-the attention itself with its weights when asked for (alignments, as fairseq's
-``MultiheadAttention(need_head_weights=True)`` returns them). The modules are decorated with
-fairseq's ``with_incremental_state``."""
+and values ``(B, heads, S, head_dim)``, the masks for ``F.scaled_dot_product_attention`` (additive,
+or its own causal mask), and the attention itself with its weights when asked for (alignments, as
+fairseq's ``MultiheadAttention(need_head_weights=True)`` returns them). The modules are decorated
+with fairseq's ``with_incremental_state``.
+
+A decoder self-attention module whose ``causal_kernel`` is True (set by the model when its task
+pads targets on the right, :func:`fairseq_widearch.models.base.use_causal_kernel`) runs a
+training or scoring forward with SDPA's ``is_causal=True`` and no mask tensor instead of fairseq's
+additive causal mask plus the target padding mask: with right padding every real position's keys
+are real positions either way, so its output is the same, and the fused (flash) kernels, which an
+additive float mask keeps out, apply. Only padding positions, which no loss reads, attend
+differently."""
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -52,18 +60,31 @@ def reorder_cache(module, incremental_state, new_order: Tensor, static: bool = F
 
 
 def keys_values_and_mask(module, query: Tensor, key: Optional[Tensor], key_padding_mask: Optional[Tensor],
-                         attn_mask: Optional[Tensor], incremental_state) -> Tuple[Cache, Optional[Tensor]]:
+                         attn_mask: Optional[Tensor], incremental_state, bias: bool = False
+                         ) -> Tuple[Cache, Optional[Tensor], bool]:
     """The keys/values an attention module attends to (``module._project_kv(x)`` ->
-    ``{"prev_key", "prev_value"}``, per head) and the additive mask that applies. Self-attention
-    projects ``query`` and, when decoding, appends to the cache; one decoding step then attends to
-    every cached key, so no mask applies. Encoder-decoder attention projects ``key`` once."""
+    ``{"prev_key", "prev_value"}``, per head) and the mask that applies, as :func:`attention_mask`
+    gives it. Self-attention projects ``query`` and, when decoding, appends to the cache; one
+    decoding step then attends to every cached key, so no mask applies. Encoder-decoder attention
+    projects ``key`` once."""
     if module.self_attention:
         kv = append_to_cache(module, incremental_state, module._project_kv(query))
         if incremental_state is not None:
-            return kv, None
+            return kv, None, False
     else:
         kv = static_cache(module, incremental_state, lambda: module._project_kv(key))
-    return kv, additive_mask(key_padding_mask, attn_mask, query.dtype)
+    return (kv, *attention_mask(module, key_padding_mask, attn_mask, query.dtype, bias))
+
+
+def attention_mask(module, key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype,
+                   bias: bool = False) -> Tuple[Optional[Tensor], bool]:
+    """``(mask, is_causal)`` of a forward over whole sequences: ``(None, True)`` (SDPA's causal
+    mask; see the module docstring) where ``module.causal_kernel`` holds and ``attn_mask``, which
+    decoder layers pass only as fairseq's causal mask, is given, unless the logits carry an additive
+    ``bias`` (PartialFormer's A^G) the causal mask must join; else the :func:`additive_mask`."""
+    if attn_mask is not None and getattr(module, "causal_kernel", False) and not bias:
+        return None, True
+    return additive_mask(key_padding_mask, attn_mask, dtype), False
 
 
 def additive_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype) -> Optional[Tensor]:
@@ -90,14 +111,16 @@ def softmax_attention(logits: Tensor, v: Tensor, dropout_p: float) -> Tuple[Tens
 
 
 def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float,
-                          need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+                          need_weights: bool = False, is_causal: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
     """softmax(q kᵀ / √d + mask) v per head (Vaswani et al. 2017, Eq. 1): q ``(B, h, T, d)``, k and v
-    ``(B, h, S, d)``, mask additive, broadcastable to ``(B, h, T, S)``; ``dropout_p`` on the
-    probabilities (pass 0 at inference). One fused ``F.scaled_dot_product_attention`` unless
-    ``need_weights``, which computes the same explicitly and also returns the probabilities
-    ``(B, h, T, S)`` (else None)."""
+    ``(B, h, S, d)``, mask additive, broadcastable to ``(B, h, T, S)``, or ``is_causal`` (then no
+    mask: query t sees keys 0..t); ``dropout_p`` on the probabilities (pass 0 at inference). One
+    fused ``F.scaled_dot_product_attention`` unless ``need_weights``, which computes the same
+    explicitly and also returns the probabilities ``(B, h, T, S)`` (else None)."""
     if not need_weights:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal), None
+    if is_causal:
+        mask = torch.full((q.size(-2), k.size(-2)), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)
     logits = (q * q.size(-1) ** -0.5) @ k.transpose(-1, -2)
     return softmax_attention(logits if mask is None else logits + mask, v, dropout_p)
 

@@ -21,8 +21,8 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
 from .attention_utils import (
-    additive_mask,
     append_to_cache,
+    attention_mask,
     dot_product_attention,
     head_weights,
     reorder_cache,
@@ -68,6 +68,7 @@ class MultiPathAttention(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.dropout = dropout
         self.self_attention = self_attention
+        self.causal_kernel = False  # see attention_utils
         width = num_paths * embed_dim
         gain = 1 / math.sqrt(2)  # fairseq's init for same-dim Q/K/V projections
         if self_attention:
@@ -121,8 +122,9 @@ class MultiPathAttention(nn.Module):
             q = self._heads(self.q_proj(query))
             kv = static_cache(self, incremental_state, lambda: self._project_kv(key))
         k, v = kv["prev_key"], kv["prev_value"]
-        mask = additive_mask(key_padding_mask, attn_mask, q.dtype)
-        out, probs = dot_product_attention(q, k, v, mask, self.dropout if self.training else 0.0, need_head_weights)
+        mask, is_causal = attention_mask(self, key_padding_mask, attn_mask, q.dtype)
+        out, probs = dot_product_attention(q, k, v, mask, self.dropout if self.training else 0.0, need_head_weights,
+                                           is_causal)
         # (B, n·H, T, C/H) -> (n, T·B, C)
         out = out.view(B, self.num_paths, self.num_heads, T, self.head_dim).permute(1, 3, 0, 2, 4)
         out = self.out_proj(out.reshape(self.num_paths, T * B, C))

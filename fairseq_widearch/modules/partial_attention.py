@@ -205,6 +205,7 @@ class PartialAttention(nn.Module):
             raise ValueError(f"H = {num_heads} heads must be >= the H_0 = {qk_heads} Q/K heads")
         self.qk_heads, self.num_heads, self.head_dim = qk_heads, num_heads, head_dim
         self.dropout, self.self_attention = dropout, self_attention
+        self.causal_kernel = False  # see attention_utils
         kdim = kdim or embed_dim
         gain = 1 / math.sqrt(2) if kdim == embed_dim else 1.0  # as fairseq's MultiheadAttention
         self.q_proj = _linear(embed_dim, qk_heads * head_dim, gain)
@@ -236,13 +237,14 @@ class PartialAttention(nn.Module):
         """
         T, B, _ = query.shape
         q = _heads(self.q_proj(query), self.head_dim)
-        kv, mask = keys_values_and_mask(self, query, key, key_padding_mask, attn_mask, incremental_state)
+        kv, mask, is_causal = keys_values_and_mask(self, query, key, key_padding_mask, attn_mask, incremental_state,
+                                                   bias=global_logits is not None or self.head_expansion is not None)
         k, v = kv["prev_key"], kv["prev_value"]
         if global_logits is not None:
             mask = global_logits if mask is None else global_logits + mask
         dropout = self.dropout if self.training else 0.0
         if self.head_expansion is None:  # Eqs. 1-2 (+ A^G as an additive mask), fused unless weights are needed
-            heads, probs = dot_product_attention(q, k, v, mask, dropout, need_head_weights)
+            heads, probs = dot_product_attention(q, k, v, mask, dropout, need_head_weights, is_causal)
         else:
             logits = self.head_expansion((q * self.head_dim ** -0.5) @ k.transpose(-1, -2))
             heads, probs = softmax_attention(logits if mask is None else logits + mask, v, dropout)

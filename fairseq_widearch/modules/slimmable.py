@@ -108,6 +108,7 @@ class SlimmableAttention(nn.Module):
         _check_width("attention", max_dim, max_dim, HEAD_DIM)
         self.max_dim, self.active_dim = max_dim, max_dim
         self.dropout, self.self_attention = dropout, self_attention
+        self.causal_kernel = False  # see attention_utils
         kdim = kdim or embed_dim
         self.q_proj, self.k_proj = SlimmableLinear(embed_dim, max_dim), SlimmableLinear(kdim, max_dim)
         self.v_proj, self.out_proj = SlimmableLinear(kdim, max_dim), SlimmableLinear(max_dim, embed_dim)
@@ -138,9 +139,9 @@ class SlimmableAttention(nn.Module):
         ``(B, S)`` True at padding; attn_mask ``(T, S)`` additive -> ``((T, B, C), weights or None)``."""
         T, B, C = query.shape
         q = self._heads(self.q_proj(query))
-        kv, mask = keys_values_and_mask(self, query, key, key_padding_mask, attn_mask, incremental_state)
+        kv, mask, is_causal = keys_values_and_mask(self, query, key, key_padding_mask, attn_mask, incremental_state)
         out, probs = dot_product_attention(q, kv["prev_key"], kv["prev_value"], mask,
-                                           self.dropout if self.training else 0.0, need_head_weights)
+                                           self.dropout if self.training else 0.0, need_head_weights, is_causal)
         return self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, self.active_dim), C), head_weights(probs)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):

@@ -3,7 +3,7 @@ unchanged): every architecture's ``_tiny`` preset, the scalable one under its ow
 self-distillation criterion, trained on the quick start's Multi30k data with fairseq's
 ``--fp16`` (FP16Optimizer), ``--memory-efficient-fp16``, ``--amp`` and ``--bf16``; fp16 and bf16
 decoding against fp32 decoding of the same checkpoint; incremental = full decoding in fp16; the
-fp32 islands of a half-precision model. docs/gpu.md records a run and its figures.
+causal kernel against the additive masks in fp16; the fp32 islands of a half-precision model. docs/gpu.md records a run and its figures.
 
 Run alone on the GPU (``python -m pytest tests/cuda -m cuda -v -rfE --tb=short -n 5 --dist loadgroup``
 takes minutes; ``-v`` names each test as it ends, so a run cut short still says which failed). The data:
@@ -22,9 +22,11 @@ import torch
 
 from conftest import REPO, TINY_ARCHS, TINY_CASES as CASES, criterion_for, fairseq_cli, run
 from test_conformance import VOCAB, batch
+from test_fused_attention import OWN_SELF_ATTENTION, right_padded_batch
 from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
 from fairseq_widearch.experiments.scoring import corpus_bleu, generate
 from fairseq_widearch.model_builder import build_model
+from fairseq_widearch.models.base import use_causal_kernel
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -137,6 +139,24 @@ def test_incremental_decoding_equals_full_decoding_in_fp16(arch):
     difference = (full.float() - torch.cat(steps, dim=1).float()).abs().max().item()
     report(test="incremental", arch=arch, max_abs_logprob_difference=difference)
     assert full.dtype == torch.float16 and difference <= FP16_LOGPROB_TOLERANCE
+
+
+@pytest.mark.parametrize("arch", sorted(OWN_SELF_ATTENTION))
+def test_the_causal_kernel_gives_the_masked_log_probabilities_in_fp16(arch):
+    """Decoder self-attention on SDPA's own causal mask (the flash kernel) against fairseq's
+    additive masks, fp16, right-padded targets: the real positions' log-probabilities."""
+    torch.manual_seed(0)
+    model = build_model(arch, ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
+                               *OWN_SELF_ATTENTION[arch]], vocab_size=VOCAB).cuda().half().train()
+    src, lengths, prev = (t.cuda() for t in right_padded_batch())
+    out = {}
+    for fused in (False, True):
+        use_causal_kernel(model.decoder, fused)
+        with torch.no_grad():
+            out[fused] = model(src, lengths, prev)[0].float().log_softmax(-1)[prev.ne(1)]
+    difference = (out[True] - out[False]).abs().max().item()
+    report(test="causal_kernel", arch=arch, max_abs_logprob_difference=difference)
+    assert difference <= FP16_LOGPROB_TOLERANCE
 
 
 def test_router_gumbel_sigmoid_and_kl_stay_fp32_in_a_half_model():
