@@ -10,6 +10,7 @@ FAIRSEQ = [
 
 PLOTS = ["matplotlib"]  # the plot_* tools of fairseq_widearch.cli
 EXAMPLES = ["sacremoses", "subword-nmt", "sacrebleu>=2.0"] + PLOTS
+DEPLOY = ["ctranslate2>=4.0"]  # python -m fairseq_widearch.cli.export_ctranslate2
 
 setup(
     name="fairseq-widearch",
@@ -23,7 +24,8 @@ setup(
     extras_require={
         "examples": EXAMPLES,
         "plots": PLOTS,
-        "test": ["pytest"] + EXAMPLES,
+        "deploy": DEPLOY,
+        "test": ["pytest"] + EXAMPLES + DEPLOY,
     },
     license="MIT",
 )

@@ -13,7 +13,8 @@ PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
 VARIANTS = {"post-norm, projections": [], "pre-norm, projections": PRE_NORM,
             "post-norm, I/O cropping": ["--no-io-projections"],
             "pre-norm, I/O cropping": ["--no-io-projections", *PRE_NORM]}
-SUB_TRANSFORMERS = {"type-1 C=64": (64, None), "type-2 D=64,128,128,64": (128, [64, 128, 128, 64])}
+SUB_TRANSFORMERS = {"type-1 C=64": (64, None), "type-2 D=64,128,128,64": (128, [64, 128, 128, 64]),
+                    "type-2 D=64 at C=128": (128, [64, 64, 64, 64])}
 
 
 def parent_and_export(variant, sub_transformer):
