@@ -142,18 +142,17 @@ def _vocabulary(dictionary):
 def build_spec(model, cfg, src_dict, tgt_dict):
     """The ``ctranslate2.specs.TransformerSpec`` of ``model`` (fp32 weights; see the module docstring)."""
     from ctranslate2.specs import common_spec, transformer_spec
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[
-        getattr(cfg, "activation_fn", "relu")]
+    activation = common_spec.Activation[getattr(cfg, "activation_fn", "relu").upper()]  # one of ACTIVATIONS
     pre_norm = _pre_norm(model.encoder)
-    stacks = {}
-    for side, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+
+    def stack_spec(spec_class, stack):
         heads, head_dim = _heads(stack)
-        options = dict(pre_norm=pre_norm, activation=activation, no_final_norm=stack.layer_norm is None,
-                       layernorm_embedding=stack.layernorm_embedding is not None, head_dim=head_dim)
-        stacks[side] = (transformer_spec.TransformerEncoderSpec(len(stack.layers), heads, **options)
-                        if side == "encoder" else transformer_spec.TransformerDecoderSpec(len(stack.layers), heads,
-                                                                                          **options))
-    spec = transformer_spec.TransformerSpec(stacks["encoder"], stacks["decoder"])
+        return spec_class(len(stack.layers), heads, pre_norm=pre_norm, activation=activation,
+                          no_final_norm=stack.layer_norm is None,
+                          layernorm_embedding=stack.layernorm_embedding is not None, head_dim=head_dim)
+
+    spec = transformer_spec.TransformerSpec(stack_spec(transformer_spec.TransformerEncoderSpec, model.encoder),
+                                            stack_spec(transformer_spec.TransformerDecoderSpec, model.decoder))
     with torch.no_grad():
         _fill_stack(spec.encoder, model.encoder, src_dict.pad())
         _fill_stack(spec.decoder, model.decoder, tgt_dict.pad())
