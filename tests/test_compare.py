@@ -1,5 +1,6 @@
 """The comparison's measurements (fairseq_widearch.experiments.compare)."""
 import json
+import os
 import threading
 
 import pytest
@@ -67,6 +68,29 @@ def test_every_missing_run_trains_once_on_the_device_asked_jobs_at_a_time(tmp_pa
     assert sorted(calls) == [("transformer", 2, "cuda"), ("widenet", 1, "cuda"), ("widenet", 2, "cuda")]
     assert max(at_once) == 2
     assert len(results.read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("user_value, expected", [(None, "2"), ("3", "3")])
+def test_runs_on_a_cpu_share_its_cores_unless_the_user_set_the_threads(tmp_path, monkeypatch, user_value, expected):
+    monkeypatch.setenv("OMP_NUM_THREADS", "unset")  # recorded, so what compare sets is undone afterwards
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    if user_value:
+        monkeypatch.setenv("OMP_NUM_THREADS", user_value)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    threads = []
+
+    def run_system(args, name, seed):
+        threads.append(os.environ.get("OMP_NUM_THREADS"))  # what a training subprocess inherits
+        return [{"system": name, "seed": seed, "width": 0, "params": 1, "macs": 1, "max_update": 1, "updates": 1,
+                 "cut_short": False, "decode_sentences_per_s": 1.0, "bleu_signature": "s", "bleu": 1.0,
+                 "train_wall_s": 1.0}]
+
+    monkeypatch.setattr(compare, "run_system", run_system)
+    (tmp_path / "throughput.json").write_text(json.dumps({"widenet": {
+        "train_tokens_per_s": 1.0, "train_flops_per_token": 1.0, "utilisation": 0.1}}))
+    compare.main(["--data", str(tmp_path), "--bpe-codes", "codes", "--ref", "ref", "--work-dir", str(tmp_path),
+                  "--systems", "widenet", "--seeds", "1,2", "--jobs", "2", "--figure", str(tmp_path / "f.png")])
+    assert threads == [expected, expected]
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ and ``macs`` (one teacher-forced 20 + 20-token pair; ``fairseq_widearch.cli.stat
 is reported, never compared), ``decode_sentences_per_s`` (fairseq-generate's own timing) and
 sacreBLEU with its signature. ``--minutes`` is an upper bound on a run's training time; a run it
 cuts short is recorded with its updates and flagged in the table. ``--device cuda`` trains and
-decodes on the GPU (fp32; each row records its device) and ``--jobs N`` runs N at once.
+decodes on the GPU (fp32; each row records its device) and ``--jobs N`` runs N at once (on a CPU,
+each given one N-th of the cores through ``OMP_NUM_THREADS`` unless that is set).
 
 Training speed is measured apart, side by side in one process (:func:`side_by_side_throughput`):
 every system, built afresh from its training flags (the scalable model's stage 2), runs the same
@@ -304,6 +305,7 @@ def main(argv=None):
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
         p.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    runner.share_cores(args.device, args.jobs)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     results = runner.Results(args.results or args.work_dir / "results.jsonl", key=("system", "seed"))
     speed_file = args.work_dir / "throughput.json"

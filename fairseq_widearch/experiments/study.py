@@ -29,7 +29,6 @@ drawn (``claim_<name>.png`` in ``--figures``, default WORK: BLEU bars, validatio
 ``--progress`` prints where every run stands, from its logs, and trains nothing.
 """
 import json
-import os
 import re
 import subprocess
 import sys
@@ -391,10 +390,7 @@ def main(argv=None, claims: Dict[str, Claim] = CLAIMS):
     if unknown:
         p.error(f"unknown claims {sorted(unknown)}; choose from {', '.join(claims)}")
     chosen = [claims[name] for name in args.claims.split(",")]
-    if args.device == "cpu":
-        # N runs share the cores: one N-th of them each (torch's default, all of them per run,
-        # oversubscribes the cores and slows every run down)
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+    runner.share_cores(args.device, args.jobs)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     results = Results(args.results or args.work_dir / "results.jsonl", claims.values())
     if args.progress:
