@@ -16,7 +16,6 @@ sentences/s and the ratios to fairseq.
 import argparse
 import json
 import tempfile
-import time
 
 import ctranslate2
 import torch
@@ -26,6 +25,7 @@ import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.cli.export_ctranslate2 import build_spec
 from fairseq_widearch.experiments.data import random_source_batches
 from fairseq_widearch.model_builder import build_model
+from on_device import alternating_rounds
 
 BODY = ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
         "--encoder-layers", "3", "--decoder-embed-dim", "128", "--decoder-ffn-embed-dim", "512",
@@ -93,13 +93,7 @@ def main(argv=None):
     engines = decoders(model, batches, args)
     for run in engines.values():  # warm-up
         run()
-    seconds = dict.fromkeys(engines, 0.0)
-    names = list(engines)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate who goes first
-            start = time.perf_counter()
-            engines[name]()
-            seconds[name] += time.perf_counter() - start
+    seconds = alternating_rounds(engines, args.rounds)
     sentences = args.rounds * args.batches * args.batch_size
     result = {name: {"sentences_per_s": round(sentences / s, 2)} for name, s in seconds.items()}
     for name, res in result.items():
