@@ -26,6 +26,7 @@ keys. Timed against the explicit softmax the module runs (forward + backward, at
 """
 import argparse
 import json
+from functools import partial
 
 import torch
 
@@ -36,7 +37,7 @@ from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.models.base import use_causal_kernel
 from fairseq_widearch.modules.attention_utils import softmax_attention
-from on_device import add_arguments, check, clock, describe, to, training_loss
+from on_device import add_arguments, alternating_rounds, check, clock, describe, to, training_loss
 
 SYSTEMS = ("multipath_transformer_multi30k", "scalable_transformer_multi30k", "partialformer_multi30k",
            "widenet_multi30k", "latent_depth_transformer_multi30k")
@@ -59,24 +60,19 @@ def set_mode(model, fused: bool):
     model.decoder.alignments_in_training = not fused
 
 
-def train_seconds(model, batches, args) -> float:
-    start = clock(args)
+def train_in_mode(model, batches, fused: bool):
+    set_mode(model, fused)
     for batch in batches:
         model.zero_grad(set_to_none=True)
         training_loss(model, batch).backward()
-    return clock(args) - start
 
 
 def compare(system: str, batches, args) -> dict:
     model = to(build_model(system, vocab_size=args.vocab), args).train()
-    seconds = {"before": 0.0, "after": 0.0}
-    for mode in seconds:  # warm-up: allocations, kernel loading and selection
-        set_mode(model, mode == "after")
-        train_seconds(model, batches[:1], args)
-    for r in range(args.rounds):
-        for mode in (("before", "after") if r % 2 == 0 else ("after", "before")):
-            set_mode(model, mode == "after")
-            seconds[mode] += train_seconds(model, batches, args)
+    for fused in (False, True):  # warm-up: allocations, kernel loading and selection
+        train_in_mode(model, batches[:1], fused)
+    seconds = alternating_rounds({"before": partial(train_in_mode, model, batches, False),
+                                  "after": partial(train_in_mode, model, batches, True)}, args.rounds, lambda: clock(args))
     steps = args.rounds * len(batches)
     return {"before_ms": round(1e3 * seconds["before"] / steps, 2), "after_ms": round(1e3 * seconds["after"] / steps, 2),
             "ratio": round(seconds["after"] / seconds["before"], 3)}
@@ -91,13 +87,14 @@ def logits_as_bias(args, heads: int = 8, head_dim: int = 32, dropout: float = 0.
     zeros = to(torch.zeros(*shape, 8), args)  # q kᵀ = 0: the bias is the whole logit
     forms = {"explicit": lambda: softmax_attention(logits, v, dropout)[0],
              "fused": lambda: F.scaled_dot_product_attention(zeros, zeros, v, attn_mask=logits, dropout_p=dropout)}
-    seconds = dict.fromkeys(forms, 0.0)
-    for r in range(args.rounds + 1):  # round 0 warms up
-        for name in (list(forms) if r % 2 == 0 else list(reversed(forms))):
-            start = clock(args)
-            for _ in range(10 * args.steps):
-                forms[name]().sum().backward()
-            seconds[name] += (clock(args) - start) if r else 0.0
+
+    def steps(form):
+        for _ in range(10 * args.steps):
+            form().sum().backward()
+
+    runs = {name: partial(steps, form) for name, form in forms.items()}
+    alternating_rounds(runs, 1)  # warms up
+    seconds = alternating_rounds(runs, args.rounds, lambda: clock(args))
     return {"explicit_ms": round(1e3 * seconds["explicit"] / (10 * args.steps * args.rounds), 3),
             "fused_ms": round(1e3 * seconds["fused"] / (10 * args.steps * args.rounds), 3),
             "ratio": round(seconds["fused"] / seconds["explicit"], 3)}

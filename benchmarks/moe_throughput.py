@@ -25,15 +25,12 @@ import torch.nn.functional as F
 
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 from malloc_modes import both_modes
-from on_device import add_arguments, check, clock, describe, to
+from on_device import add_arguments, alternating_rounds, check, clock, describe, to
 
 
-def fwd_bwd_seconds(fn, x, repeats, args):
-    start = clock(args)
+def fwd_bwd(fn, x, repeats):
     for _ in range(repeats):
-        out = fn(x)
-        out.float().sum().backward()
-    return clock(args) - start
+        fn(x).float().sum().backward()
 
 
 def main(argv=None):
@@ -71,11 +68,10 @@ def main(argv=None):
         return fc2(F.relu(fc1(inp)))
 
     for fn in (moe_fn, dense_fn):  # warm-up
-        fwd_bwd_seconds(fn, x, 2, args)
-    seconds = {"moe": 0.0, "dense": 0.0}
-    for r in range(args.rounds):
-        for name in (("moe", "dense") if r % 2 == 0 else ("dense", "moe")):
-            seconds[name] += fwd_bwd_seconds(moe_fn if name == "moe" else dense_fn, x, args.repeats, args)
+        fwd_bwd(fn, x, 2)
+    seconds = alternating_rounds({"moe": lambda: fwd_bwd(moe_fn, x, args.repeats),
+                                  "dense": lambda: fwd_bwd(dense_fn, x, args.repeats)},
+                                 args.rounds, lambda: clock(args))
     calls = args.rounds * args.repeats
     moe_ms, dense_ms = 1e3 * seconds["moe"] / calls, 1e3 * seconds["dense"] / calls
     ideal_ms = args.top_k * args.capacity_factor * dense_ms

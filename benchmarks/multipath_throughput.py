@@ -20,6 +20,7 @@ size and precision: ``--device cuda --dtype fp16 --dim 512 --heads 8 --batch-siz
 """
 import argparse
 import json
+from functools import partial
 import sys
 
 import torch
@@ -29,7 +30,7 @@ from fairseq_widearch.experiments.counting import count_macs, param_counts
 from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model
 from malloc_modes import both_modes
-from on_device import add_arguments, check, clock, describe, to
+from on_device import add_arguments, alternating_rounds, check, clock, describe, to
 
 
 def width_flags(dim, heads):
@@ -48,16 +49,14 @@ def models(dim, heads, vocab):
     }
 
 
-def train_steps(model, optimizer, batches, args):
-    """One optimizer update per batch (forward, cross-entropy, backward, Adam); returns seconds."""
-    start = clock(args)
+def train_steps(model, optimizer, batches):
+    """One optimizer update per batch (forward, cross-entropy, backward, Adam)."""
     for src, lengths, prev, target in batches:
         optimizer.zero_grad(set_to_none=True)
         logits, _ = model(src, lengths, prev)
         loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), target.view(-1))
         loss.backward()
         optimizer.step()
-    return clock(args) - start
 
 
 def measure(args):
@@ -73,12 +72,9 @@ def measure(args):
     tokens_per_round = args.steps * args.batch_size * (args.src_len + args.tgt_len)
 
     for name in ms:  # warm-up (allocator, kernels) outside the measurement
-        train_steps(ms[name], opts[name], batches[:1], args)
-    seconds = dict.fromkeys(ms, 0.0)
-    for r in range(args.rounds):
-        order = list(ms) if r % 2 == 0 else list(reversed(ms))  # alternate who goes first
-        for name in order:
-            seconds[name] += train_steps(ms[name], opts[name], batches, args)
+        train_steps(ms[name], opts[name], batches[:1])
+    seconds = alternating_rounds({name: partial(train_steps, ms[name], opts[name], batches) for name in ms},
+                                 args.rounds, lambda: clock(args))
     result = {}
     for name in ms:
         result[name] = {"tokens_per_s": round(args.rounds * tokens_per_round / seconds[name], 1), **stats[name]}

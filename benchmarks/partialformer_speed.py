@@ -19,6 +19,7 @@ On a GPU: ``--device cuda --dtype fp16 --batch-size 128`` (fairseq-generate's ba
 """
 import argparse
 import json
+from functools import partial
 
 import torch
 from fairseq.sequence_generator import SequenceGenerator
@@ -28,7 +29,7 @@ import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.experiments.counting import param_counts
 from fairseq_widearch.experiments.data import random_source_batches
 from fairseq_widearch.model_builder import build_model
-from on_device import add_arguments, check, clock, describe, to
+from on_device import add_arguments, alternating_rounds, check, clock, describe, to
 
 TRANSFORMER_24_6_D360 = ["--encoder-layers", "24", "--encoder-embed-dim", "360", "--encoder-ffn-embed-dim", "1440",
                          "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before"]
@@ -44,13 +45,11 @@ def generator(model, args):
                              max_len_b=args.tgt_len, min_len=args.tgt_len)
 
 
-def decode(gen, batches, args) -> float:
-    """Seconds to beam-search every batch."""
-    start = clock(args)
+def decode(gen, batches):
+    """Beam-search every batch."""
     with torch.no_grad():
         for batch in batches:
             gen.generate(gen.model.models, batch)
-    return clock(args) - start
 
 
 def decode_macs(gen, batch) -> float:
@@ -79,20 +78,18 @@ def main(argv=None):
     result = {name: {"params": param_counts(gen.model.models[0])["params"], "macs_per_sentence": decode_macs(gen, batches[0])}
               for name, gen in gens.items()}
     for gen in gens.values():  # warm-up: first-call allocations (and CUDA's kernel loading) are not timed
-        decode(gen, batches[:1], args)
-    seconds = dict.fromkeys(gens, 0.0)
-    for r in range(args.rounds):
-        for name in (list(gens) if r % 2 == 0 else list(reversed(gens))):  # alternate who goes first
-            seconds[name] += decode(gens[name], batches, args)
+        decode(gen, batches[:1])
+    seconds = alternating_rounds({name: partial(decode, gen, batches) for name, gen in gens.items()},
+                                 args.rounds, lambda: clock(args))
     sentences = args.rounds * args.batches * args.batch_size
     for name, res in result.items():
         res["sentences_per_s"] = round(sentences / seconds[name], 2)
         res["tokens_per_s"] = round(sentences * args.tgt_len / seconds[name], 1)
         print(f"{name:>32}: {res['sentences_per_s']:7.2f} sentences/s  {res['tokens_per_s']:8.1f} tokens/s  "
               f"params {res['params'] / 1e6:.1f}M  MACs/sentence {res['macs_per_sentence'] / 1e9:.2f}B")
-    partial, transformer = result["partialformer_24_6_d360_h30_16"], result["transformer_24_6_d360"]
-    ratio = partial["sentences_per_s"] / transformer["sentences_per_s"]
-    macs_ratio = transformer["macs_per_sentence"] / partial["macs_per_sentence"]
+    partialformer, transformer = result["partialformer_24_6_d360_h30_16"], result["transformer_24_6_d360"]
+    ratio = partialformer["sentences_per_s"] / transformer["sentences_per_s"]
+    macs_ratio = transformer["macs_per_sentence"] / partialformer["macs_per_sentence"]
     print(f"speed ratio {ratio:.3f}, MACs ratio {macs_ratio:.3f}")
     print(json.dumps({"threads": torch.get_num_threads(), **describe(args), "beam": args.beam, "batch_size": args.batch_size,
                       "rounds": args.rounds, **result, "ratio": round(ratio, 3), "macs_ratio": round(macs_ratio, 3),

@@ -24,6 +24,7 @@ On a GPU: ``--device cuda --dtype fp16 --batch-size 128 --train-tokens 8000``.
 """
 import argparse
 import json
+from functools import partial
 import statistics
 
 import torch
@@ -34,7 +35,7 @@ from fairseq_widearch.experiments.data import random_source_batches
 from fairseq_widearch.criterions.scalable_self_distillation import ScalableSelfDistillationCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary, parse_arch_args
 from fairseq_widearch.tasks.scalable_translation import ScalableTranslationConfig, ScalableTranslationTask
-from on_device import add_arguments, check, clock, describe, to
+from on_device import add_arguments, alternating_rounds, check, clock, describe, to
 from partialformer_speed import decode, generator
 
 FAIRSEQ_512 = ["--encoder-embed-dim", "512", "--encoder-ffn-embed-dim", "2048", "--encoder-attention-heads", "8",
@@ -54,11 +55,9 @@ def race(models: dict, batches, args) -> dict:
     """Sentences per second of each model's beam search, alternating rounds."""
     gens = {name: generator(to(model, args).eval(), args) for name, model in models.items()}
     for gen in gens.values():  # warm-up: first-call allocations are not timed
-        decode(gen, batches[:1], args)
-    seconds = dict.fromkeys(gens, 0.0)
-    for r in range(args.rounds):
-        for name in (list(gens) if r % 2 == 0 else list(reversed(gens))):
-            seconds[name] += decode(gens[name], batches, args)
+        decode(gen, batches[:1])
+    seconds = alternating_rounds({name: partial(decode, gen, batches) for name, gen in gens.items()},
+                                 args.rounds, lambda: clock(args))
     return {name: args.rounds * len(batches) * args.batch_size / s for name, s in seconds.items()}
 
 

@@ -18,6 +18,7 @@ sub-Transformer. The last line is one JSON object; each system's ``ratio`` = its
 """
 import argparse
 import json
+from functools import partial
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -26,7 +27,7 @@ import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.experiments.counting import matmul_peak_flops, param_counts
 from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model, parse_arch_args
-from on_device import DTYPES, add_arguments, check, clock, describe, to, training_loss
+from on_device import DTYPES, add_arguments, alternating_rounds, check, clock, describe, to, training_loss
 
 SYSTEMS = ("multipath_transformer_6l_4p", "widenet_wmt_en_de", "scalable_transformer_wmt_en_de",
            "latent_depth_transformer_lld_12_24", "partialformer_24_6_d360_h30_16")
@@ -50,13 +51,11 @@ def step_flops(model, batch) -> float:
     return counter.get_total_flops()
 
 
-def train_seconds(model, optimizer, batches, args) -> float:
-    start = clock(args)
+def train_steps(model, optimizer, batches):
     for batch in batches:
         optimizer.zero_grad(set_to_none=True)
         training_loss(model, batch).backward()
         optimizer.step()
-    return clock(args) - start
 
 
 def twin_layers(system: str, flops: float, batch, args) -> int:
@@ -78,11 +77,9 @@ def compare(system: str, batches, peak: float, args) -> dict:
     result["transformer"]["encoder_layers"] = layers
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in models.items()}
     for name, m in models.items():  # warm-up: allocations, kernel loading and selection
-        train_seconds(m, optimizers[name], batches[:1], args)
-    seconds = dict.fromkeys(models, 0.0)
-    for r in range(args.rounds):
-        for name in (list(models) if r % 2 == 0 else list(reversed(models))):
-            seconds[name] += train_seconds(models[name], optimizers[name], batches, args)
+        train_steps(m, optimizers[name], batches[:1])
+    seconds = alternating_rounds({name: partial(train_steps, m, optimizers[name], batches) for name, m in models.items()},
+                                 args.rounds, lambda: clock(args))
     steps = args.rounds * len(batches)
     for name, res in result.items():
         res["steps_per_s"] = round(steps / seconds[name], 3)

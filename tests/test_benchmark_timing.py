@@ -1,0 +1,22 @@
+"""The benchmarks' side-by-side timing (benchmarks/on_device.alternating_rounds): every system runs
+once a round, another one goes first each round, and each is charged only its own time."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from on_device import alternating_rounds  # noqa: E402
+
+
+def test_each_run_is_charged_its_own_time_and_who_goes_first_rotates():
+    clock, calls = [0.0], []
+
+    def run(name, cost):
+        def step():
+            calls.append(name)
+            clock[0] += cost
+        return step
+
+    seconds = alternating_rounds({"a": run("a", 1.0), "b": run("b", 10.0), "c": run("c", 100.0)}, rounds=3,
+                                 now=lambda: clock[0])
+    assert seconds == {"a": 3.0, "b": 30.0, "c": 300.0}
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
