@@ -23,9 +23,9 @@ from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.cli.export_ctranslate2 import build_spec
+from fairseq_widearch.experiments.counting import alternating_rounds
 from fairseq_widearch.experiments.data import random_source_batches
 from fairseq_widearch.model_builder import build_model
-from on_device import alternating_rounds
 
 BODY = ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4",
         "--encoder-layers", "3", "--decoder-embed-dim", "128", "--decoder-ffn-embed-dim", "512",

@@ -33,11 +33,12 @@ import torch
 import torch.nn.functional as F
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
+from fairseq_widearch.experiments.counting import alternating_rounds
 from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.models.base import use_causal_kernel
 from fairseq_widearch.modules.attention_utils import softmax_attention
-from on_device import add_arguments, alternating_rounds, check, clock, describe, to, training_loss
+from on_device import add_arguments, check, clock, describe, to, training_loss
 
 SYSTEMS = ("multipath_transformer_multi30k", "scalable_transformer_multi30k", "partialformer_multi30k",
            "widenet_multi30k", "latent_depth_transformer_multi30k")

@@ -23,9 +23,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from fairseq_widearch.experiments.counting import alternating_rounds
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 from malloc_modes import both_modes
-from on_device import add_arguments, alternating_rounds, check, clock, describe, to
+from on_device import add_arguments, check, clock, describe, to
 
 
 def fwd_bwd(fn, x, repeats):

@@ -26,11 +26,11 @@ import sys
 import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
-from fairseq_widearch.experiments.counting import count_macs, param_counts
+from fairseq_widearch.experiments.counting import alternating_rounds, count_macs, param_counts
 from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model
 from malloc_modes import both_modes
-from on_device import add_arguments, alternating_rounds, check, clock, describe, to
+from on_device import add_arguments, check, clock, describe, to
 
 
 def width_flags(dim, heads):

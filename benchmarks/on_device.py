@@ -48,19 +48,6 @@ def clock(args) -> float:
     return time.perf_counter()
 
 
-def alternating_rounds(runs: dict, rounds: int, now=time.perf_counter) -> dict:
-    """Seconds each of ``runs`` (name -> callable) took over ``rounds`` rounds, every run once a
-    round and another one first each round, so that the machine's speed at any moment weighs on all
-    of them alike. ``now``: the clock (``clock`` bound to the args for CUDA)."""
-    seconds, names = dict.fromkeys(runs, 0.0), list(runs)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = now()
-            runs[name]()
-            seconds[name] += now() - start
-    return seconds
-
-
 def describe(args) -> dict:
     """The device and dtype, for a benchmark's JSON line."""
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"

@@ -26,10 +26,10 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch.utils.flop_counter import FlopCounterMode
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
-from fairseq_widearch.experiments.counting import param_counts
+from fairseq_widearch.experiments.counting import alternating_rounds, param_counts
 from fairseq_widearch.experiments.data import random_source_batches
 from fairseq_widearch.model_builder import build_model
-from on_device import add_arguments, alternating_rounds, check, clock, describe, to
+from on_device import add_arguments, check, clock, describe, to
 
 TRANSFORMER_24_6_D360 = ["--encoder-layers", "24", "--encoder-embed-dim", "360", "--encoder-ffn-embed-dim", "1440",
                          "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before"]

@@ -24,18 +24,19 @@ On a GPU: ``--device cuda --dtype fp16 --batch-size 128 --train-tokens 8000``.
 """
 import argparse
 import json
-from functools import partial
 import statistics
+from functools import partial
 
 import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.cli.export_subnet import build, export_model
+from fairseq_widearch.experiments.counting import alternating_rounds
 from fairseq_widearch.experiments.data import random_source_batches
 from fairseq_widearch.criterions.scalable_self_distillation import ScalableSelfDistillationCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary, parse_arch_args
 from fairseq_widearch.tasks.scalable_translation import ScalableTranslationConfig, ScalableTranslationTask
-from on_device import add_arguments, alternating_rounds, check, clock, describe, to
+from on_device import add_arguments, check, clock, describe, to
 from partialformer_speed import decode, generator
 
 FAIRSEQ_512 = ["--encoder-embed-dim", "512", "--encoder-ffn-embed-dim", "2048", "--encoder-attention-heads", "8",

@@ -34,7 +34,7 @@ sample standard deviation over the seeds, with every seed's score) and BLEU agai
 import json
 import re
 import statistics
-import time
+from functools import partial
 from pathlib import Path
 from typing import Dict
 
@@ -43,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..cli.plotting import pyplot
 from . import runner
-from .counting import count_macs, matmul_peak_flops, param_counts, sub_transformer_param_counts
+from .counting import alternating_rounds, count_macs, matmul_peak_flops, param_counts, sub_transformer_param_counts
 from .scoring import USER_DIR, corpus_bleu, generate
 from .settings import BODY, OPTIMISATION, PRE_NORM, criterion_flags
 
@@ -139,17 +139,11 @@ def side_by_side_throughput(systems: Dict[str, list], data: str, peak: float, ba
     order rotates every round; one untimed warm-up round first). Tokens/s = Σ target tokens / Σ
     seconds over the timed rounds; utilisation = FLOPs/token × tokens/s / ``peak`` (FLOP/s)."""
     setups = {name: training_setup(flags, data, batches) for name, flags in systems.items()}
-    names, tokens, seconds = list(setups), dict.fromkeys(setups, 0), dict.fromkeys(setups, 0.0)
-    for name in names:  # warm-up
-        train_steps(setups[name])
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
-            tokens[name] += train_steps(setups[name])
-            seconds[name] += time.perf_counter() - start
+    tokens = {name: train_steps(setup) for name, setup in setups.items()}  # the warm-up round
+    seconds = alternating_rounds({name: partial(train_steps, setup) for name, setup in setups.items()}, rounds)
     speeds = {}
     for name, setup in setups.items():
-        per_s, flops = tokens[name] / seconds[name], training_flops_per_token(setup)
+        per_s, flops = rounds * tokens[name] / seconds[name], training_flops_per_token(setup)
         speeds[name] = {"train_tokens_per_s": round(per_s, 1), "train_flops_per_token": round(flops),
                         "utilisation": round(flops * per_s / peak, 4)}
     return speeds

@@ -1,5 +1,5 @@
-"""Parameter, MAC and FLOP counts of a model and the device's matmul peak, measured with
-``torch.utils.flop_counter``: what the stats tool (:mod:`fairseq_widearch.cli.stats`, whose help
+"""Parameter, MAC and FLOP counts of a model (measured with ``torch.utils.flop_counter``), the
+device's matmul peak and the side-by-side timing of several systems: what the stats tool (:mod:`fairseq_widearch.cli.stats`, whose help
 gives the conventions), the comparison, the claims study, the benchmarks and the tests count with."""
 import re
 import time
@@ -61,6 +61,19 @@ def matmul_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, n
     for _ in range(3):
         seconds()
     return 2 * n ** 3 / min(seconds() for _ in range(repeats))
+
+
+def alternating_rounds(runs: dict, rounds: int, now=time.perf_counter) -> dict:
+    """Seconds each of ``runs`` (name -> callable) took over ``rounds`` rounds, every run once a
+    round and another one first each round, so that the machine's speed at any moment weighs on all
+    of them alike. ``now``: the clock (on CUDA one that synchronises first)."""
+    seconds, names = dict.fromkeys(runs, 0.0), list(runs)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = now()
+            runs[name]()
+            seconds[name] += now() - start
+    return seconds
 
 
 def count_macs(model, src_len: int = 20, tgt_len: int = 20) -> int:

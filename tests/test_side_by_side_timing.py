@@ -1,10 +1,7 @@
-"""The benchmarks' side-by-side timing (benchmarks/on_device.alternating_rounds): every system runs
-once a round, another one goes first each round, and each is charged only its own time."""
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from on_device import alternating_rounds  # noqa: E402
+"""The side-by-side timing of the comparison and the benchmarks
+(fairseq_widearch.experiments.counting.alternating_rounds): every system runs once a round,
+another one goes first each round, and each is charged only its own time."""
+from fairseq_widearch.experiments.counting import alternating_rounds
 
 
 def test_each_run_is_charged_its_own_time_and_who_goes_first_rotates():
