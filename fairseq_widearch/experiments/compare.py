@@ -270,7 +270,7 @@ def plot(summary, path: Path):
         ax.errorbar([r["macs"] / 1e6 for r in scalable], [r["bleu"] for r in scalable],
                     yerr=[r["bleu_sd"] for r in scalable], fmt="k--o", ms=4, capsize=3,
                     label="scalable_transformer, widths " + "/".join(str(r["width"]) for r in scalable))
-        ax.legend(fontsize=8, loc="center right")
+        ax.legend(fontsize=8, loc="lower right")
     ax.set_xlabel("MACs per 20+20-token sentence pair (millions)")
     ax.set_ylabel("sacreBLEU, Multi30k test_2016 En→De")
     seeds = ",".join(map(str, summary[0]["seeds"]))
