@@ -138,6 +138,21 @@ def test_scalable_stages_2_and_3_train_table_4s_share_of_stage_1s_epochs(tmp_pat
     assert ["--patience" in s for s in stops] == [True, False, False]
 
 
+def test_a_claim_already_holding_seed_2_rows_runs_its_missing_seed_2_runs_beside_seed_1(tmp_path, monkeypatch):
+    """A rescored system (its rows at both seeds no longer done) retrains both seeds in one batch."""
+    latent, multipath = study.CLAIMS["latent_depth"], study.CLAIMS["multipath"]
+    results = study.Results(tmp_path / "results.jsonl")
+    for seed in (1, 2):  # every system of the latent-depth claim but the first is done at both seeds
+        results.add([{"claim": latent.name, "system": s.name, "seed": seed, "evaluate": s.evaluate}
+                     for s in latent.systems[1:]])
+    batches = []
+    monkeypatch.setattr(study.runner, "run_jobs", lambda run, jobs, at_once: batches.append(list(jobs)))
+    study.run_all(Namespace(jobs=2), results, study.first_runs(results, [latent, multipath]))
+    assert sorted((c.name, s.name, seed) for c, s, seed in batches[0]) == sorted(
+        [(latent.name, latent.systems[0].name, 1), (latent.name, latent.systems[0].name, 2)]
+        + [(multipath.name, s.name, 1) for s in multipath.systems])
+
+
 def test_a_failed_run_does_not_cost_the_rows_of_the_runs_beside_it(tmp_path, monkeypatch):
     claim = study.CLAIMS["multipath"]
     failing = claim.systems[0]
@@ -150,7 +165,7 @@ def test_a_failed_run_does_not_cost_the_rows_of_the_runs_beside_it(tmp_path, mon
     monkeypatch.setattr(study, "run_system", run_system)
     results = study.Results(tmp_path / "results.jsonl")
     with pytest.raises(RuntimeError, match="killed"):
-        study.run_all(Namespace(jobs=2), results, [claim], 1)
+        study.run_all(Namespace(jobs=2), results, [(claim, 1)])
     recorded = study.Results(tmp_path / "results.jsonl")
     assert [recorded.done(claim, s, 1) for s in claim.systems] == [False, True, True]
 
@@ -165,14 +180,14 @@ def test_a_system_two_claims_share_trains_once(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "run_system", run_system)
     results = study.Results(tmp_path / "results.jsonl")
     multipath, widenet = study.CLAIMS["multipath"], study.CLAIMS["widenet"]
-    study.run_all(Namespace(jobs=1), results, [multipath, widenet], 1)
+    study.run_all(Namespace(jobs=1), results, [(multipath, 1), (widenet, 1)])
     # the stock 3 + 3 Transformer is multi-path's shallow baseline and WideNet's reference
     assert ("widenet", "unshared Transformer") not in trained and len(trained) == 6
     reference = next(r for r in results.rows if r["system"] == "unshared Transformer")
     assert reference == {"claim": "widenet", "system": "unshared Transformer", "seed": 1, "bleu": 30.0,
                          "same_run_as": "multipath: shallow 3 x 1"}
     # a different seed is a different run
-    study.run_all(Namespace(jobs=1), results, [widenet], 2)
+    study.run_all(Namespace(jobs=1), results, [(widenet, 2)])
     assert ("widenet", "unshared Transformer") in trained
 
 

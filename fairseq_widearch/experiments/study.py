@@ -24,7 +24,8 @@ a system two claims share trains once (``Results.twin``). ``--jobs N`` runs N at
 once (on a GPU many small runs share the device; on a CPU they share the cores, each run given
 one N-th of them through ``OMP_NUM_THREADS`` unless that is set). Seed 1 comes
 first; where the paper's design ends within 1 BLEU of one of its baselines, every system of that
-claim also runs with seed 2. Last, a markdown table per claim is printed and a figure per claim
+claim also runs with seed 2 (a claim that already holds seed-2 rows runs its missing seed-2 runs
+beside seed 1's). Last, a markdown table per claim is printed and a figure per claim
 drawn (``claim_<name>.png`` in ``--figures``, default WORK: BLEU bars, validation-loss curves).
 ``--progress`` prints where every run stands, from its logs, and trains nothing.
 """
@@ -235,12 +236,20 @@ class Results(runner.Results):
         return []
 
 
-def run_all(args, results: Results, claims: Sequence[Claim], seed: int):
-    """Every run of ``claims`` not yet done, ``args.jobs`` at once, each recorded as it finishes
-    (a run another claim has recorded is copied, not trained again)."""
-    todo = [(c, s) for c in claims for s in c.systems if not results.done(c, s, seed)]
+def first_runs(results: Results, claims: Sequence[Claim]) -> List[Tuple[Claim, int]]:
+    """(claim, seed) to run first: seed 1 of every claim, and seed 2 of each claim that already
+    holds seed-2 rows (a rescored or interrupted run there is known to be wanted, so it runs beside
+    seed 1's runs rather than after them)."""
+    started = {r["claim"] for r in results.rows if r["seed"] == SEEDS[1]}
+    return [(c, SEEDS[0]) for c in claims] + [(c, SEEDS[1]) for c in claims if c.name in started]
 
-    def run(claim: Claim, system: System):
+
+def run_all(args, results: Results, runs: Sequence[Tuple[Claim, int]]):
+    """Every run of the (claim, seed) pairs ``runs`` not yet done, ``args.jobs`` at once, each
+    recorded as it finishes (a run another claim has recorded is copied, not trained again)."""
+    todo = [(c, s, seed) for c, seed in runs for s in c.systems if not results.done(c, s, seed)]
+
+    def run(claim: Claim, system: System, seed: int):
         results.add(results.twin(claim, system, seed) or run_system(args, claim, system, seed))
 
     runner.run_jobs(run, todo, args.jobs)
@@ -396,8 +405,8 @@ def main(argv=None, claims: Dict[str, Claim] = CLAIMS):
     if args.progress:
         print(progress(args.work_dir, results, chosen))
         return
-    run_all(args, results, chosen, SEEDS[0])
-    run_all(args, results, close_claims(results.rows, chosen), SEEDS[1])
+    run_all(args, results, first_runs(results, chosen))
+    run_all(args, results, [(c, SEEDS[1]) for c in close_claims(results.rows, chosen)])
     for claim in chosen:
         print(f"\n## {claim.statement}\n\n{table(results.rows, claim)}")
         plot(results.rows, claim, (args.figures or args.work_dir) / f"claim_{claim.name}.png")
