@@ -1,6 +1,7 @@
 """Parameter, MAC and FLOP counts of a model (measured with ``torch.utils.flop_counter``), the
-device's matmul peak and the side-by-side timing of several systems: what the stats tool (:mod:`fairseq_widearch.cli.stats`, whose help
-gives the conventions), the comparison, the claims study, the benchmarks and the tests count with."""
+device's matmul peak and the side-by-side timing of several systems: what the stats tool
+(:mod:`fairseq_widearch.cli.stats`, whose help gives the conventions), the comparison, the claims
+study, the benchmarks and the tests count and time with."""
 import re
 import time
 
