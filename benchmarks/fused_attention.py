@@ -72,8 +72,8 @@ def compare(system: str, batches, args) -> dict:
     model = to(build_model(system, vocab_size=args.vocab), args).train()
     for fused in (False, True):  # warm-up: allocations, kernel loading and selection
         train_in_mode(model, batches[:1], fused)
-    seconds = alternating_rounds({"before": partial(train_in_mode, model, batches, False),
-                                  "after": partial(train_in_mode, model, batches, True)}, args.rounds, lambda: clock(args))
+    modes = {"before": partial(train_in_mode, model, batches, False), "after": partial(train_in_mode, model, batches, True)}
+    seconds = alternating_rounds(modes, args.rounds, lambda: clock(args))
     steps = args.rounds * len(batches)
     return {"before_ms": round(1e3 * seconds["before"] / steps, 2), "after_ms": round(1e3 * seconds["after"] / steps, 2),
             "ratio": round(seconds["after"] / seconds["before"], 3)}

@@ -78,8 +78,8 @@ def compare(system: str, batches, peak: float, args) -> dict:
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in models.items()}
     for name, m in models.items():  # warm-up: allocations, kernel loading and selection
         train_steps(m, optimizers[name], batches[:1])
-    seconds = alternating_rounds({name: partial(train_steps, m, optimizers[name], batches) for name, m in models.items()},
-                                 args.rounds, lambda: clock(args))
+    runs = {name: partial(train_steps, m, optimizers[name], batches) for name, m in models.items()}
+    seconds = alternating_rounds(runs, args.rounds, lambda: clock(args))
     steps = args.rounds * len(batches)
     for name, res in result.items():
         res["steps_per_s"] = round(steps / seconds[name], 3)
