@@ -19,6 +19,7 @@ at WideNet's size and precision: ``--device cuda --dtype fp16 --tokens 8192 --di
 import argparse
 import json
 import sys
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -70,9 +71,8 @@ def main(argv=None):
 
     for fn in (moe_fn, dense_fn):  # warm-up
         fwd_bwd(fn, x, 2)
-    seconds = alternating_rounds({"moe": lambda: fwd_bwd(moe_fn, x, args.repeats),
-                                  "dense": lambda: fwd_bwd(dense_fn, x, args.repeats)},
-                                 args.rounds, lambda: clock(args))
+    runs = {"moe": partial(fwd_bwd, moe_fn, x, args.repeats), "dense": partial(fwd_bwd, dense_fn, x, args.repeats)}
+    seconds = alternating_rounds(runs, args.rounds, lambda: clock(args))
     calls = args.rounds * args.repeats
     moe_ms, dense_ms = 1e3 * seconds["moe"] / calls, 1e3 * seconds["dense"] / calls
     ideal_ms = args.top_k * args.capacity_factor * dense_ms

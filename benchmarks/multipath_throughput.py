@@ -20,8 +20,8 @@ size and precision: ``--device cuda --dtype fp16 --dim 512 --heads 8 --batch-siz
 """
 import argparse
 import json
-from functools import partial
 import sys
+from functools import partial
 
 import torch
 
