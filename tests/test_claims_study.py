@@ -214,14 +214,18 @@ def test_progress_says_where_every_run_stands_from_its_logs_or_its_row(tmp_path)
     results = study.Results(tmp_path / "results.jsonl")
     results.add([{"claim": "multipath", "system": "shallow 3 x 1", "seed": 1, "bleu": 30.0, "valid_loss": 4.25},
                  {"claim": "partialformer", "system": "Transformer 4 + 4", "seed": 1, "bleu": 31.0,
-                  "valid_loss": 4.2}])
+                  "valid_loss": 4.2},
+                 # seed 2 scored on another machine: no run directory here, still listed
+                 {"claim": "partialformer", "system": "Transformer 4 + 4", "seed": 2, "bleu": 31.5,
+                  "valid_loss": 4.19}])
     lines = study.progress(tmp_path, results, [*claims, study.CLAIMS["widenet"]]).splitlines()[2:]
-    assert lines[:3] == ["| partialformer | PartialFormer | 1 | in progress, epochs 1-3 | 4.600 (2) |",
+    assert lines[:4] == ["| partialformer | PartialFormer | 1 | in progress, epochs 1-3 | 4.600 (2) |",
                          "| partialformer | Transformer 4 + 4 | 1 | scored | 4.200 (averaged) |",
+                         "| partialformer | Transformer 4 + 4 | 2 | scored | 4.190 (averaged) |",
                          "| tiny_scalable | scalable_tiny | 1 | stage 1 trained, epochs 1-2; stage 2 trained, "
                          "epochs 1-1; stage 3 in progress, epoch 1 | stage 2 4.900 (1) |"]
     # the reference WideNet shares with multi-path, scored there, is not a run still to train
-    assert lines[3:] == [f"| widenet | {name} | 1 | not started |  |"
+    assert lines[4:] == [f"| widenet | {name} | 1 | not started |  |"
                          for name in ("WideNet", "shared dense FFN", "shared LayerNorms")] + [
         "| widenet | unshared Transformer | 1 | scored as multipath: shallow 3 x 1 | 4.250 (averaged) |"]
 

@@ -319,7 +319,9 @@ def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
         for seed in SEEDS:
             for system in claim.systems:
                 run = run_dir(work, claim, system, seed)
-                if seed != SEEDS[0] and not run.exists():
+                twin = results.twin(claim, system, seed)
+                # a second seed only where one was started here or scored anywhere
+                if seed != SEEDS[0] and not (run.exists() or results.done(claim, system, seed) or twin):
                     continue
                 states, best = [], ""
                 for stage, save in enumerate(trainings(run, system), 1):
@@ -333,7 +335,6 @@ def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
                     states.append(f"{name}{'trained' if trained else 'in progress'}, epochs 1-{max(losses)}")
                     epoch = min(losses, key=losses.get)
                     best = f"{name}{losses[epoch]:.3f} ({epoch})"
-                twin = results.twin(claim, system, seed)
                 state = ("scored" if results.done(claim, system, seed) else f"scored as {twin[0]['same_run_as']}"
                          if twin else "; ".join(states) or "not started")
                 # a scored run's own figure: the logs here may be another device's try of it
