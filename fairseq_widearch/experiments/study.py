@@ -319,9 +319,9 @@ def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
         for seed in SEEDS:
             for system in claim.systems:
                 run = run_dir(work, claim, system, seed)
-                twin = results.twin(claim, system, seed)
+                done, twin = results.done(claim, system, seed), results.twin(claim, system, seed)
                 # a second seed only where one was started here or scored anywhere
-                if seed != SEEDS[0] and not (run.exists() or results.done(claim, system, seed) or twin):
+                if seed != SEEDS[0] and not (run.exists() or done or twin):
                     continue
                 states, best = [], ""
                 for stage, save in enumerate(trainings(run, system), 1):
@@ -335,7 +335,7 @@ def progress(work: Path, results: Results, claims: Sequence[Claim]) -> str:
                     states.append(f"{name}{'trained' if trained else 'in progress'}, epochs 1-{max(losses)}")
                     epoch = min(losses, key=losses.get)
                     best = f"{name}{losses[epoch]:.3f} ({epoch})"
-                state = ("scored" if results.done(claim, system, seed) else f"scored as {twin[0]['same_run_as']}"
+                state = ("scored" if done else f"scored as {twin[0]['same_run_as']}"
                          if twin else "; ".join(states) or "not started")
                 # a scored run's own figure: the logs here may be another device's try of it
                 scored = results.rows_of(claim, system, seed) or twin
