@@ -15,6 +15,7 @@ sub-Transformer. The last line is one JSON object; each system's ``ratio`` = its
 
     python benchmarks/training_utilisation.py --device cuda --dtype fp16     # paper sizes, on a GPU
     python benchmarks/training_utilisation.py --systems multipath_transformer_tiny --vocab 1000 --batch-size 8
+    python benchmarks/training_utilisation.py --systems "widenet_wmt_en_de;widenet_wmt_en_de:--moe-dispatch=permute"
 """
 import argparse
 import json
@@ -33,10 +34,16 @@ SYSTEMS = ("multipath_transformer_6l_4p", "widenet_wmt_en_de", "scalable_transfo
            "latent_depth_transformer_lld_12_24", "partialformer_24_6_d360_h30_16")
 
 
+def parse_system(system: str):
+    """``arch`` or ``arch:--flag=value,...`` (a candidate of the arch) -> (arch, [--flag, value, ...])."""
+    arch, _, rest = system.partition(":")
+    return arch, [part for item in rest.split(",") if item for part in item.split("=", 1)]
+
+
 def stock_flags(system: str, encoder_layers: int) -> list:
     """The stock pre-norm Transformer of ``system``'s width d (FFN 4·d, the system's heads) and
     decoder depth (PartialFormer's own FFN flag does not describe its PG-FFN)."""
-    a = parse_arch_args(system)
+    a = parse_arch_args(parse_system(system)[0])
     return ["--encoder-embed-dim", str(a.encoder_embed_dim), "--encoder-ffn-embed-dim", str(4 * a.encoder_embed_dim),
             "--encoder-attention-heads", str(a.encoder_attention_heads), "--decoder-layers", str(a.decoder_layers),
             "--decoder-attention-heads", str(a.decoder_attention_heads), "--encoder-layers", str(encoder_layers),
@@ -67,7 +74,8 @@ def twin_layers(system: str, flops: float, batch, args) -> int:
 
 def compare(system: str, batches, peak: float, args) -> dict:
     """MFU of ``system`` and of its stock twin, trained alternately."""
-    model = to(build_model(system, vocab_size=args.vocab), args).train()
+    arch, flags = parse_system(system)
+    model = to(build_model(arch, flags, vocab_size=args.vocab), args).train()
     flops = step_flops(model, batches[0])
     layers = twin_layers(system, flops, batches[0], args)
     models = {system: model,
@@ -90,7 +98,8 @@ def compare(system: str, batches, peak: float, args) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated arch presets")
+    p.add_argument("--systems", default=";".join(SYSTEMS),
+                   help="semicolon-separated arch presets, or arch:--flag=value,... for a candidate")
     p.add_argument("--vocab", type=int, default=32000, help="joined vocabulary (WMT-sized BPE)")
     p.add_argument("--batch-size", type=int, default=128, help="sentences per batch")
     p.add_argument("--src-len", type=int, default=30)
@@ -104,7 +113,7 @@ def main(argv=None):
     peak = matmul_peak_flops(args.device, DTYPES[args.dtype], n=8192 if args.device == "cuda" else 2048)
     batches = to(random_training_batches(args.steps, args.batch_size, args.src_len, args.tgt_len, args.vocab), args)
     results = {}
-    for system in args.systems.split(","):
+    for system in args.systems.split(";"):
         results[system] = res = compare(system, batches, peak, args)
         twin = res["transformer"]
         print(f"{system:>36}: MFU {res[system]['mfu']:.3f} ({res[system]['train_gflops_per_step']} GFLOP/step)  "

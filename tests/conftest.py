@@ -8,20 +8,16 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq.models import ARCH_MODEL_REGISTRY
-from fairseq_widearch.experiments.settings import criterion
+from fairseq_widearch.experiments.settings import criterion, tiny_cases
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 BIN = Path(sys.executable).parent
 PLUGIN_MODELS = {cls for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_widearch")}
-#: Every architecture the plugin registers, through its `_tiny` preset.
-TINY_ARCHS = sorted(name for name, cls in ARCH_MODEL_REGISTRY.items()
-                    if cls in PLUGIN_MODELS and name.endswith("_tiny"))
-#: The flags each `_tiny` preset trains with beyond its arch: the scalable one under its own task and
-#: self-distillation criterion in stage 2 (every width, the word-level distillation KL).
-SCALABLE_STAGE2_TASK = ["--task", "scalable_translation", "--criterion", "scalable_self_distillation",
-                        "--distill-stage", "2"]
-TINY_CASES = {arch: SCALABLE_STAGE2_TASK if arch.startswith("scalable") else [] for arch in TINY_ARCHS}
+#: Every architecture the plugin registers, through its `_tiny` preset, and the flags each trains
+#: with beyond its arch (the scalable one under its own task, in stage 2).
+TINY_CASES = tiny_cases()
+TINY_ARCHS = sorted(TINY_CASES)
 
 
 def pytest_configure(config):

@@ -7,6 +7,7 @@ import time
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..model_builder import build_model
@@ -153,3 +154,45 @@ def model_stats(arch: str, argv=(), vocab_size: int = 32000, src_len: int = 20, 
     if hasattr(model, "set_sample_config"):
         stats["flops_table1"] = count_table1_flops(model, src_len, tgt_len)
     return stats
+
+
+#: Operators at which the host waits for the device to read a result (a value, or a shape that
+#: depends on the data); ``index.Tensor`` only with a boolean index (a hidden ``nonzero``).
+HOST_WAIT_OPERATORS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim",
+                       "unique_consecutive", "repeat_interleave", "is_nonzero", "equal", "bincount"}
+#: Operators that add into their output with atomic adds on a GPU (scatter-adds, in either pass).
+ATOMIC_ADD_OPERATORS = {"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put", "index_put_",
+                        "_index_put_impl_", "embedding_dense_backward", "scatter_reduce"}
+
+
+class OperatorCounter(TorchDispatchMode):
+    """Counts the ATen operators run inside it (forward and, on the CPU, backward: a stand-in for
+    device kernel launches), the host waits among them (:data:`HOST_WAIT_OPERATORS`) and the
+    atomic-add ones (:data:`ATOMIC_ADD_OPERATORS`; ``index_put`` only with ``accumulate``).
+    ``counts`` maps each operator's name (``aten.<name>``, overload dropped) to its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name == "index" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None):
+            name = "index (boolean mask)"
+        if name.startswith("index_put") and not (kwargs.get("accumulate") or (len(args) > 3 and args[3])):
+            name += " (no accumulate)"
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **kwargs)
+
+    @property
+    def operators(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def host_waits(self) -> int:
+        return sum(n for name, n in self.counts.items() if name in HOST_WAIT_OPERATORS or "boolean" in name)
+
+    @property
+    def atomic_adds(self) -> int:
+        return sum(n for name, n in self.counts.items() if name in ATOMIC_ADD_OPERATORS)

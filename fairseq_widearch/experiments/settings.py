@@ -40,6 +40,22 @@ def criterion(arch: str) -> str:
     return getattr(ARCH_MODEL_REGISTRY[arch], "auxiliary_criterion", None) or "label_smoothed_cross_entropy"
 
 
+#: How the scalable model trains in its stage 2 (every width, the word-level distillation KL).
+SCALABLE_STAGE2_TASK = ["--task", "scalable_translation", "--criterion", "scalable_self_distillation",
+                        "--distill-stage", "2"]
+
+
+def tiny_cases() -> dict:
+    """Every ``_tiny`` preset the plugin registers -> the flags it trains with beyond its arch: the
+    scalable one under its own task and self-distillation criterion in stage 2, the others none."""
+    import fairseq_widearch  # noqa: F401  (registers the plugin's architectures)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    archs = sorted(name for name, cls in ARCH_MODEL_REGISTRY.items()
+                   if cls.__module__.startswith("fairseq_widearch") and name.endswith("_tiny"))
+    return {arch: SCALABLE_STAGE2_TASK if arch.startswith("scalable") else [] for arch in archs}
+
+
 def criterion_flags(flags: Sequence[str]) -> List[str]:
     """``["--criterion", <the criterion of the --arch in flags>]``, or [] when ``flags`` name one."""
     flags = [str(f) for f in flags]

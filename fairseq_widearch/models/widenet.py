@@ -17,6 +17,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 from fairseq import utils
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -28,7 +29,7 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.moe import Experts, MoELayer, Routing, TopKRouter
+from ..modules.moe import DISPATCH, Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
 from .base import LayerLoopDecoder, LayerLoopEncoder, LayerSlot, WideTransformerModel, added_defaults, alignment_weights
 from .presets import MULTI30K_BODY, register_preset, set_defaults
@@ -55,6 +56,12 @@ class WideNetConfig(TransformerConfig):
     )
     moe_renormalize_gates: bool = field(
         default=False, metadata={"help": "renormalise the K gate values to sum to 1 (Eq. 2 does not)"}
+    )
+    moe_dispatch: ChoiceEnum(DISPATCH) = field(
+        default="padded",
+        metadata={"help": "how tokens reach the experts and come back, the same outputs and gradients: padded "
+                          "(no host wait), index (a host wait per call for the number of real tokens), permute "
+                          "(no wait, gathers both ways, no atomic adds); docs/widenet.md, 'Dispatch'"},
     )
     widenet_standard_decoder: bool = field(
         default=False, metadata={"help": "keep fairseq's pre-norm decoder (WideNet in the encoder only)"}
@@ -100,7 +107,7 @@ def build_ffn(cfg, embed_dim: int, ffn_dim: int):
     if cfg.widenet_dense_ffn:
         return DenseFFN(embed_dim, ffn_dim, cfg.activation_fn, activation_dropout)
     experts = Experts(cfg.moe_experts, embed_dim, ffn_dim, cfg.activation_fn, activation_dropout)
-    return MoELayer(build_router(cfg, embed_dim), experts)
+    return MoELayer(build_router(cfg, embed_dim), experts, cfg.moe_dispatch)
 
 
 def build_router(cfg, embed_dim: int) -> TopKRouter:
@@ -145,7 +152,7 @@ class BlockSharing:
         never calls a router, so it gets none of its own: DDP would find it unused)."""
         shared = self.module("moe", lambda: build_ffn(self.cfg, embed_dim, ffn_dim))
         if shared is getattr(self.first, "moe", None) and self.cfg.widenet_router_per_block and self.routes:
-            return MoELayer(build_router(self.cfg, embed_dim), shared.experts)
+            return MoELayer(build_router(self.cfg, embed_dim), shared.experts, self.cfg.moe_dispatch)
         return shared
 
 

@@ -94,14 +94,28 @@ class TopKRouter(nn.Module):
 
     def capacity(self, num_tokens: int, loads: Tensor) -> int:
         """B for this call; without a limit, the largest load (every assignment fits, and the expert
-        buffers hold no more empty slots than needed)."""
+        buffers hold no more empty slots than needed: a host wait, read from ``loads``)."""
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         if factor <= 0:
             return max(int(loads.max()) if loads.numel() else 0, 1)
         return max(math.ceil(factor * self.top_k * num_tokens / self.num_experts), 1)
 
-    def forward(self, x: Tensor) -> Routing:
-        """x: ``(N, d)`` non-padding tokens -> :class:`Routing`."""
+    def device_capacity(self, num_tokens: Tensor) -> Optional[Tensor]:
+        """B of :meth:`capacity` as a 0-d tensor computed on the device from a 0-d count, without a
+        host wait (same float64 arithmetic, so the same B); None without a limit."""
+        factor = self.capacity_factor if self.training else self.eval_capacity_factor
+        if factor <= 0:
+            return None
+        return (num_tokens.double() * (factor * self.top_k) / self.num_experts).ceil().clamp_min(1)
+
+    def forward(self, x: Tensor, real: Optional[Tensor] = None) -> Routing:
+        """x: ``(N, d)`` tokens -> :class:`Routing`.
+
+        Without ``real``, every row of x is a real token. With ``real`` (``(N,)`` bool, False at
+        padding), padding rows are routed but never kept nor counted, and no count is read on the
+        host: the buffers hold B slots for all N rows, of which the first ``ceil(C·k·N_real/E)``
+        per expert are used, so the same assignments are kept as without the padding rows.
+        """
         E, k, N = self.num_experts, self.top_k, x.shape[0]
         logits = F.linear(x.float(), self.weight.float())  # (N, E), fp32
         if self.training and self.noise:
@@ -113,15 +127,32 @@ class TopKRouter(nn.Module):
         # choice-major order: every token's first choice precedes any second choice
         expert, gate = expert.t().reshape(-1), gate.t().reshape(-1)
         token = torch.arange(N, device=x.device).repeat(k)
-        one_hot = F.one_hot(expert, E)  # (k·N, E)
-        slot = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1  # position in the expert's buffer
-        loads = one_hot.sum(dim=0)  # assignments per expert
-        capacity = self.capacity(N, loads)
+        # (E, k·N), expert-major: each expert's running count of assignments is then a scan along the
+        # contiguous last dim (the scan down the first dim of a (k·N, E) one-hot took 2.7 of the layer's
+        # ~5 ms on an H100 at 8,192 tokens, docs/gpu.md); F.one_hot would check its input on the host
+        chosen = torch.arange(E, device=x.device)[:, None] == expert[None, :]
+        if real is not None:
+            chosen = chosen & real.repeat(k)[None, :]  # padding takes no slot and adds no load
+        slot = chosen.cumsum(dim=1).gather(0, expert[None, :]).squeeze(0) - 1  # position in the expert's buffer
+        if real is not None:
+            slot = slot.masked_fill(~real.repeat(k), -1)
+        loads = chosen.sum(dim=1)  # assignments per expert
         # Eqs. 3-5: m_i = fraction of tokens assigned to expert i (not differentiable),
         # P_i = mean router probability of expert i over the same tokens.
-        m = loads.float() / max(N, 1)
-        balance_loss = E * (m * probs.mean(dim=0)).sum() if N > 0 else probs.sum() * 0
-        return Routing(expert, token, gate, slot, slot < capacity, capacity, E, balance_loss)
+        if real is None:
+            capacity = self.capacity(N, loads)
+            kept = slot < capacity
+            m = loads.float() / max(N, 1)
+            balance_loss = E * (m * probs.mean(dim=0)).sum() if N > 0 else probs.sum() * 0
+        else:
+            num_real = real.sum()
+            limit = self.device_capacity(num_real)
+            capacity = self.capacity(N, loads)  # B for all N rows: an upper bound read from the shapes
+            kept = (slot >= 0) & (slot < (limit if limit is not None else capacity))
+            count = num_real.clamp_min(1).float()
+            m = loads.float() / count
+            balance_loss = E * (m * (probs * real[:, None]).sum(dim=0) / count).sum()
+        return Routing(expert, token, gate, slot, kept, capacity, E, balance_loss)
 
 
 class Experts(nn.Module):
@@ -144,20 +175,61 @@ class Experts(nn.Module):
         return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(buffer))))
 
 
+class GatherRows(torch.autograd.Function):
+    """``cat(x, 0)[index]`` whose backward is another gather, ``cat(grad, 0)[inverse]`` summed over
+    ``fold`` consecutive blocks, instead of index_select's scatter-add: no atomic adds and no
+    repeated indices in either pass (the row past the end of x is the zero row).
+
+    Args:
+        x: ``(n, d)``.
+        index: ``(m,)`` rows of x, n meaning a zero row.
+        inverse: ``(fold·n,)`` for each row of x (``fold`` copies of it, block-major) the output row
+            it went to, m meaning none; every output row appears at most once.
+        fold: copies of each row of x in the output (k for the MoE dispatch, 1 for a permutation).
+
+    Returns ``(m, d)``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor, fold: int) -> Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.fold = fold
+        return torch.cat([x, x.new_zeros(1, x.shape[1])]).index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (inverse,) = ctx.saved_tensors
+        rows = torch.cat([grad, grad.new_zeros(1, grad.shape[1])]).index_select(0, inverse)
+        return rows.view(ctx.fold, -1, grad.shape[1]).sum(dim=0), None, None, None
+
+
+#: How :class:`MoELayer` moves tokens into the expert buffers and back (docs/widenet.md, "Dispatch").
+DISPATCH = ("index", "padded", "permute")
+
+
 class MoELayer(nn.Module):
     """Mixture of experts (Eq. 1): a :class:`TopKRouter` in front of :class:`Experts`.
 
-    Dispatch and combine are vectorised: the kept token-to-expert assignments are copied into an
-    ``(E, B, d)`` buffer with one ``index_copy``, and the gated expert outputs summed back per
-    token with one ``index_add``. Router and experts are separate modules so that blocks can
-    share the experts with or without the router (WideNet and its per-block-router variant).
+    Dispatch and combine (``dispatch``, the same outputs and gradients whichever is chosen):
+
+    * ``index``: the rows of the real tokens found with ``nonzero`` (a host wait: their number N
+      sets the buffers' capacity B), the kept assignments copied into an ``(E, B, d)`` buffer with one
+      ``index_copy`` and the gated expert outputs summed back per token with one ``index_add``;
+    * ``padded``: the same copies over all T·B rows, padding routed but never kept (no host wait:
+      B is sized for T·B rows, the capacity limit of the real tokens applied on the device);
+    * ``permute``: as ``padded``, but tokens move by gathers whose backward is a gather too
+      (:class:`GatherRows`; MegaBlocks' and ScatterMoE's permutation by expert): no atomic adds.
+
+    Router and experts are separate modules so that blocks can share the experts with or without
+    the router (WideNet and its per-block-router variant).
 
     Args:
         router (TopKRouter): E, K and the capacity factors.
         experts (Experts): E experts.
+        dispatch (str): one of :data:`DISPATCH`.
 
     Raises:
-        ValueError: if the router and the experts disagree on E.
+        ValueError: if the router and the experts disagree on E, or ``dispatch`` is unknown.
 
     Shapes:
         ``forward(x, padding_mask=None, routing=None)``: x ``(T, B, d)``, padding_mask ``(B, T)``
@@ -165,15 +237,28 @@ class MoELayer(nn.Module):
         ``routing`` reuses another call's decision (routing groups) instead of routing again.
     """
 
-    def __init__(self, router: TopKRouter, experts: Experts):
+    def __init__(self, router: TopKRouter, experts: Experts, dispatch: str = "padded"):
         super().__init__()
         if experts.fc1.weight.shape[0] != router.num_experts:
             raise ValueError(f"router has {router.num_experts} experts, Experts has {experts.fc1.weight.shape[0]}")
-        self.router, self.experts = router, experts
+        if dispatch not in DISPATCH:
+            raise ValueError(f"--moe-dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
+        self.router, self.experts, self.dispatch = router, experts, dispatch
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, routing: Optional[Routing] = None):
         T, B, d = x.shape
         flat = x.reshape(T * B, d)
+        if self.dispatch == "index":
+            y, routing = self.index_dispatch(flat, padding_mask, routing)
+        else:
+            real = None if padding_mask is None else ~padding_mask.t().reshape(-1)
+            if routing is None:
+                routing = self.router(flat, real)
+            move = self.permuted if self.dispatch == "permute" else self.copied
+            y = move(flat, routing)
+        return y.view(T, B, d), routing
+
+    def index_dispatch(self, flat: Tensor, padding_mask: Optional[Tensor], routing: Optional[Routing]):
         # (T, B) -> rows of the non-padding tokens in the flattened batch
         rows = None
         if padding_mask is not None:
@@ -183,7 +268,14 @@ class MoELayer(nn.Module):
         tokens = flat.index_select(0, rows) if rows is not None else flat
         if routing is None:
             routing = self.router(tokens)
-        E, cap = routing.num_experts, routing.capacity
+        y = self.copied(tokens, routing)
+        if rows is not None:
+            y = flat.new_zeros(flat.shape).index_copy(0, rows, y)
+        return y, routing
+
+    def copied(self, tokens: Tensor, routing: Routing) -> Tensor:
+        """``index_copy`` into the buffers, ``index_add`` back: ``(N, d)`` -> ``(N, d)``."""
+        E, cap, d = routing.num_experts, routing.capacity, tokens.shape[1]
         # Dropped assignments are written to a spare row past the E x B buffer and read back with a
         # gate of 0, rather than filtered out: filtering (nonzero) waits for the GPU on every call.
         where = torch.where(routing.kept, routing.expert * cap + routing.slot, E * cap)  # flat buffer position
@@ -191,7 +283,22 @@ class MoELayer(nn.Module):
         out = self.experts(buffer[:-1].view(E, cap, d)).view(E * cap, d)
         gate = routing.gate.masked_fill(~routing.kept, 0.0).to(out.dtype)
         weighted = out.index_select(0, where.clamp_max(E * cap - 1)) * gate[:, None]
-        y = tokens.new_zeros(tokens.shape).index_add(0, routing.token, weighted)
-        if rows is not None:
-            y = flat.new_zeros(flat.shape).index_copy(0, rows, y)
-        return y.view(T, B, d), routing
+        return tokens.new_zeros(tokens.shape).index_add(0, routing.token, weighted)
+
+    def permuted(self, tokens: Tensor, routing: Routing) -> Tensor:
+        """Gathers both ways (:class:`GatherRows`): ``(N, d)`` -> ``(N, d)``."""
+        E, cap, (N, d), k = routing.num_experts, routing.capacity, tokens.shape, self.router.top_k
+        A, slots = routing.expert.numel(), E * cap
+        # each assignment's buffer slot (dropped ones each a spare slot of their own, so that no index
+        # repeats), then each slot's assignment (A: empty) and its token (N: empty)
+        arange = torch.arange(A, device=tokens.device)
+        target = torch.where(routing.kept, routing.expert * cap + routing.slot, slots + arange)
+        assignment = torch.full((slots + A,), A, dtype=torch.long, device=tokens.device).scatter(0, target, arange)
+        assignment = assignment[:slots]
+        source = torch.where(assignment < A, routing.token.index_select(0, assignment.clamp_max(A - 1)), N)
+        position = target.clamp_max(slots)  # slots: the zero row
+        buffer = GatherRows.apply(tokens, source, position, k)
+        out = self.experts(buffer.view(E, cap, d)).view(slots, d)
+        per_assignment = GatherRows.apply(out, position, assignment, 1)  # (A, d), 0 where dropped
+        gate = routing.gate.masked_fill(~routing.kept, 0.0).to(out.dtype)
+        return (per_assignment * gate[:, None]).view(k, N, d).sum(dim=0)

@@ -138,7 +138,10 @@ class ScalableTranslationTask(TranslationTask):
                     optimizer.backward(loss)
             logs.append(log)
         model.set_sample_config(*configs[0])
-        summed = {key: sum(log.get(key, 0) for log in logs) for key in set().union(*logs)}
+        # keys in the same order on every rank: fairseq's all_reduce_dict sums the values of the
+        # ranks' logs position by position, and a set's order of strings differs between processes
+        keys = dict.fromkeys(key for log in logs for key in log)
+        summed = {key: sum(log.get(key, 0) for log in logs) for key in keys}
         return summed["loss"], sample_size, summed
 
     def validation_sub_transformers(self, model) -> List[Tuple[str, SubTransformer]]:

@@ -37,9 +37,14 @@ UPDATES = 600
 LOG_INTERVAL = 25
 PRECISIONS = {"fp16": ["--fp16"], "memory_efficient_fp16": ["--memory-efficient-fp16"], "amp": ["--amp"],
               "bf16": ["--bf16"]}
-#: The archs, each test of one arch in one pytest-xdist group (``-n N --dist loadgroup``), so that
-#: its decoding test reuses its fp16 training.
-ARCHS = [pytest.param(arch, marks=pytest.mark.xdist_group(arch)) for arch in TINY_ARCHS]
+
+
+def grouped(halves):
+    """(arch, precision) cases, each in a pytest-xdist group of its own (``-n N --dist loadgroup``),
+    so that the decoding test of a precision runs where its training did and reuses it."""
+    return [pytest.param(arch, half, marks=pytest.mark.xdist_group(f"{arch}-{half}"))
+            for arch in TINY_ARCHS for half in halves]
+
 TRAIN_FLAGS = ["--num-workers", "0", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.005",
                "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--max-tokens", "4096",
                "--label-smoothing", "0.1", "--seed", "1", "--max-update", str(UPDATES), "--log-format", "json",
@@ -90,8 +95,7 @@ def train_inner(log: str):
     return [json.loads(line.split("train_inner | ", 1)[1]) for line in log.splitlines() if "train_inner | " in line]
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch,precision", grouped(PRECISIONS))
 def test_mixed_precision_training_is_finite_learns_and_keeps_its_loss_scale(arch, precision, trained):
     _, stats = trained(arch, precision)
     assert len(stats) == UPDATES // LOG_INTERVAL
@@ -108,8 +112,7 @@ def test_mixed_precision_training_is_finite_learns_and_keeps_its_loss_scale(arch
     assert min(scales, default=1.0) >= 1.0 and (scales or precision == "bf16"), scales
 
 
-@pytest.mark.parametrize("half", ["fp16", "bf16"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch,half", grouped(BLEU_TOLERANCE))
 def test_half_precision_decoding_scores_as_fp32_decoding(arch, half, trained, quickstart_data, tmp_path):
     checkpoint, _ = trained(arch, half)
     task = CASES[arch][:2]

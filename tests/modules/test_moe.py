@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fairseq_widearch.experiments.counting import OperatorCounter
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 
 D, FFN = 8, 16
@@ -173,3 +174,55 @@ def test_reused_routing_routes_nothing_again():
 def test_invalid_router_configs(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         make_moe(**kwargs)
+
+
+def dispatched(dispatch, x, padding_mask, seed, train=True, **kw):
+    """Output, balance loss, kept count and every gradient of one forward + backward of a fresh
+    MoE layer (the same initialisation for every ``dispatch``; router noise and dropout from ``seed``)."""
+    torch.manual_seed(0)
+    router = TopKRouter(D, 4, 2, 0.5, 0.0, noise=kw.get("noise", False))
+    moe = MoELayer(router, Experts(4, D, FFN, activation_dropout=kw.get("dropout", 0.0)), dispatch).train(train)
+    x = x.clone().requires_grad_()
+    torch.manual_seed(seed)
+    y, routing = moe(x, padding_mask)
+    (y.pow(2).sum() + routing.balance_loss).backward()
+    grads = {"x": x.grad, **{name: p.grad for name, p in moe.named_parameters()}}
+    return y, routing.balance_loss, routing.kept.sum(), grads
+
+
+def padded_input():
+    torch.manual_seed(1)
+    pad = torch.zeros(5, 7, dtype=torch.bool)
+    pad[1, 4:], pad[3, 2:] = True, True
+    return torch.randn(7, 5, D), pad
+
+
+@pytest.mark.parametrize("dispatch", ["padded", "permute"])
+@pytest.mark.parametrize("case", ["training, noise and dropout", "training, padded", "inference, padded"])
+def test_every_dispatch_gives_the_index_dispatch_outputs_and_gradients(dispatch, case):
+    """C = 0.5, so assignments are dropped. Without padding the buffers have the same shape, so
+    router noise and the experts' dropout draw the same values whichever dispatch runs; with padding
+    the buffers of the no-wait dispatches hold slots for the padding rows too, so noise and dropout
+    are off there (training mode: the capacity limit applies)."""
+    x, pad = padded_input()
+    kw = {"noise": True, "dropout": 0.3} if case.endswith("dropout") else {}
+    padding_mask = None if kw else pad
+    train = case.startswith("training")
+    y_ref, loss_ref, kept_ref, grads_ref = dispatched("index", x, padding_mask, 3, train, **kw)
+    y, loss, kept, grads = dispatched(dispatch, x, padding_mask, 3, train, **kw)
+    assert kept == kept_ref and (not train or kept < 70)  # 35 tokens x top-2, some dropped in training
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    for name, grad in grads_ref.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("dispatch,waits,atomic_adds", [("index", 1, 4), ("padded", 0, 3), ("permute", 0, 0)])
+def test_host_waits_and_atomic_adds_of_each_dispatch(dispatch, waits, atomic_adds):
+    """Counted operators of a training forward + backward over a padded batch (the host waits a GPU
+    would make: the ``nonzero`` of the real tokens' rows; the scatter-adds: index_add and
+    index_select's backward)."""
+    x, pad = padded_input()
+    with OperatorCounter() as counter:
+        dispatched(dispatch, x, pad, 3)
+    assert (counter.host_waits, counter.atomic_adds) == (waits, atomic_adds), counter.counts

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU machine's one command (docs/gpu.md, "On the GPU machine, step by step"): installs the
+# carried cp312 wheels of .gpu/wheels beside that machine's own torch (seconds), then runs
+# benchmarks/gpu_check.py, whose steps each have their own limit (9 minutes in all on one H100).
+# Prepare .gpu here first: bash benchmarks/gpu_check_prepare.sh
+#
+#   bash benchmarks/gpu_check.sh OUT_DIR [--dry-run] [gpu_check.py flags]
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${1:?usage: gpu_check.sh OUT_DIR [--dry-run]}"
+shift
+PY=python3
+if [[ " $* " != *" --dry-run "* ]]; then
+  # into that machine's own Python, so that fairseq-train and fairseq-generate land beside it (the
+  # tests and the scoring find them there); the repository itself on PYTHONPATH
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$ROOT"/.gpu/wheels/*.whl || exit 1
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+else
+  PY="${PYTHON:-$ROOT/.venv/bin/python}"
+fi
+export PYTHONUNBUFFERED=1
+exec "$PY" "$ROOT/benchmarks/gpu_check.py" "$OUT" "$@"
