@@ -11,8 +11,8 @@ order, each step under its own time limit so that a stuck step cannot eat the ot
 
 Writes OUT/report.json (everything), OUT/report.md (tables docs/gpu.md takes as they are) and
 OUT/<step>.log, 6 files. ``--dry-run`` runs every step with CPU stand-ins (bf16 for fp16, the gloo
-ranks on the CPU, a few updates, tiny sizes; the tier's tests skip themselves without CUDA) and
-writes the same report: tests/test_gpu_check.py runs it, so the command cannot rot between loans.
+ranks on the CPU for one preset, a few updates, tiny sizes; the tier's tests skip themselves without
+CUDA, and are listed by name) and writes the same report: tests/test_gpu_check.py runs it, so the command cannot rot between loans.
 
     python benchmarks/gpu_check.py OUT [--data .gpu/multi30k] [--dry-run]
 """
@@ -77,7 +77,8 @@ def steps(args) -> list:
             "no:cacheprovider", "--junitxml", Path(args.out) / "tier.xml",
             *([] if dry else ["-n", "16", "--dist", "loadgroup"])]
     two = [BENCH / "two_ranks.py", "--data", data / "bin", "--device", "cpu" if dry else "cuda",
-           "--precision", "bf16" if dry else "fp16", "--updates", "4" if dry else "24"]
+           "--precision", "bf16" if dry else "fp16", "--updates", "4" if dry else "24",
+           *(["--archs", "multipath_transformer_tiny"] if dry else [])]  # tests/test_two_ranks.py: every preset
     profile = [BENCH / "profile_steps.py", *(
         ["--device", "cpu", "--dtype", "bf16", "--cases", "moe,train", "--systems", "widenet_tiny", "--vocab", "500",
          "--batch-size", "4", "--tokens", "64", "--dim", "32", "--ffn", "64", "--steps", "1"] if dry

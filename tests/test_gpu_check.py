@@ -1,0 +1,32 @@
+"""The GPU machine's prepared command (benchmarks/gpu_check.sh) in its ``--dry-run``: every step
+with its CPU stand-ins, the same report, so that the command cannot rot between loans."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.mark.slow
+def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", REPO / "benchmarks" / "gpu_check.sh", out, "--dry-run", "--data", multi30k_bin.parent],
+                          capture_output=True, text=True, timeout=900, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["profile.log", "report.json", "report.md", "speed.log",
+                                                      "tier.log", "two_ranks.log"]
+    assert report["dry_run"] and report["steps"]["tier"]["collect"]["rc"] == 0
+    # every test of the CUDA tier named, each skipped here for want of CUDA
+    assert len(report["tier_tests"]) >= 40 and all(o.startswith("skipped") for o in report["tier_tests"].values())
+    two = report["steps"]["two_ranks"]["two_ranks"]["json"]["results"]["multipath_transformer_tiny"]
+    assert two["ok"] and two["ranks_identical"]
+    for label, res in report["steps"]["speed"].items():
+        assert res["rc"] == 0 and res["json"], label
+    assert report["steps"]["speed"]["moe bf16 256 tokens"]["json"]["candidates"].keys() == {"padded", "index", "permute"}
+    assert report["steps"]["profile"]["profile"]["json"]["moe"]["moe"]["kernels_per_step"] > 0
+    markdown = (out / "report.md").read_text()
+    assert re.search(r"\*\*CUDA tier\*\*: \d+ skipped", markdown) and "| multipath_transformer_tiny | True |" in markdown
