@@ -16,6 +16,8 @@ from fairseq.distributed import utils as distributed_utils
 from omegaconf import OmegaConf
 
 from conftest import REPO, TINY_ARCHS, TINY_CASES, TRAIN_FLAGS, criterion_for, run
+from test_fused_attention import OWN_SELF_ATTENTION
+from tier_checks import LOGPROB_TOLERANCE, causal_kernel_against_masks, fp32_islands, incremental_against_full
 from fairseq_widearch.experiments.scoring import corpus_bleu, generate, read_hypotheses
 from fairseq_widearch.model_builder import build_model
 
@@ -119,3 +121,18 @@ def test_inference_casts_the_model_to_bf16_only_under_bf16(bf16):
     model = build_model("multipath_transformer_tiny", vocab_size=100)
     model.prepare_for_inference_(OmegaConf.create({"common": {"bf16": bf16}, "generation": {"beam": 5}}))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16 if bf16 else torch.float32}
+
+
+# The CUDA tier's model-level checks (tests/tier_checks.py) in bf16 on the CPU.
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_incremental_decoding_equals_full_decoding_in_bf16(arch):
+    assert incremental_against_full(arch, "cpu", torch.bfloat16) <= LOGPROB_TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("arch", sorted(OWN_SELF_ATTENTION))
+def test_the_causal_kernel_gives_the_masked_log_probabilities_in_bf16(arch):
+    assert causal_kernel_against_masks(arch, "cpu", torch.bfloat16) <= LOGPROB_TOLERANCE[torch.bfloat16]
+
+
+def test_router_gumbel_sigmoid_and_kl_stay_fp32_in_a_bf16_model():
+    fp32_islands("cpu", torch.bfloat16)

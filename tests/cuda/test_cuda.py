@@ -21,12 +21,9 @@ import pytest
 import torch
 
 from conftest import REPO, TINY_ARCHS, TINY_CASES as CASES, criterion_for, fairseq_cli, run
-from test_conformance import VOCAB, batch
-from test_fused_attention import OWN_SELF_ATTENTION, right_padded_batch
-from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
+from test_fused_attention import OWN_SELF_ATTENTION
+from tier_checks import LOGPROB_TOLERANCE, causal_kernel_against_masks, fp32_islands, incremental_against_full
 from fairseq_widearch.experiments.scoring import corpus_bleu, generate
-from fairseq_widearch.model_builder import build_model
-from fairseq_widearch.models.base import use_causal_kernel
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -52,8 +49,6 @@ TRAIN_FLAGS = ["--num-workers", "0", "--optimizer", "adam", "--adam-betas", "(0.
 #: Half-precision decoding may differ from fp32 decoding of the same checkpoint by this much
 #: sacreBLEU (bf16 keeps 8 bits of mantissa to fp16's 11, so its scores move more).
 BLEU_TOLERANCE = {"fp16": 0.3, "bf16": 1.0}
-#: |incremental − full| log-probabilities in fp16 (half an fp16 ulp at |log p| ≈ 8 is 0.004).
-FP16_LOGPROB_TOLERANCE = 1e-2
 
 
 def report(**row):
@@ -129,54 +124,22 @@ def test_half_precision_decoding_scores_as_fp32_decoding(arch, half, trained, qu
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_incremental_decoding_equals_full_decoding_in_fp16(arch):
-    torch.manual_seed(0)
-    model = build_model(arch, vocab_size=VOCAB).cuda().half().eval()
-    src, lengths, prev = (t.cuda() for t in batch())
-    with torch.no_grad():
-        encoder_out = model.encoder(src, src_lengths=lengths)
-        full = model.get_normalized_probs(model.decoder(prev, encoder_out=encoder_out), log_probs=True)
-        state, steps = {}, []
-        for t in range(prev.size(1)):
-            out = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
-            steps.append(model.get_normalized_probs(out, log_probs=True))
-    difference = (full.float() - torch.cat(steps, dim=1).float()).abs().max().item()
+    difference = incremental_against_full(arch, "cuda", torch.float16)
     report(test="incremental", arch=arch, max_abs_logprob_difference=difference)
-    assert full.dtype == torch.float16 and difference <= FP16_LOGPROB_TOLERANCE
+    assert difference <= LOGPROB_TOLERANCE[torch.float16]
 
 
 @pytest.mark.parametrize("arch", sorted(OWN_SELF_ATTENTION))
 def test_the_causal_kernel_gives_the_masked_log_probabilities_in_fp16(arch):
     """Decoder self-attention on SDPA's own causal mask (the flash kernel) against fairseq's
     additive masks, fp16, right-padded targets: the real positions' log-probabilities."""
-    torch.manual_seed(0)
-    model = build_model(arch, ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
-                               *OWN_SELF_ATTENTION[arch]], vocab_size=VOCAB).cuda().half().train()
-    src, lengths, prev = (t.cuda() for t in right_padded_batch())
-    out = {}
-    for fused in (False, True):
-        use_causal_kernel(model.decoder, fused)
-        with torch.no_grad():
-            out[fused] = model(src, lengths, prev)[0].float().log_softmax(-1)[prev.ne(1)]
-    difference = (out[True] - out[False]).abs().max().item()
+    difference = causal_kernel_against_masks(arch, "cuda", torch.float16)
     report(test="causal_kernel", arch=arch, max_abs_logprob_difference=difference)
-    assert difference <= FP16_LOGPROB_TOLERANCE
+    assert difference <= LOGPROB_TOLERANCE[torch.float16]
 
 
 def test_router_gumbel_sigmoid_and_kl_stay_fp32_in_a_half_model():
-    """docs/widenet.md (router) and docs/latent_depth_transformer.md (samples, q, KL): fp32
-    whatever the model's dtype, on the GPU as on the CPU."""
-    torch.manual_seed(0)
-    src, lengths, prev = (t.cuda() for t in batch())
-    widenet = build_model("widenet_tiny", vocab_size=VOCAB).cuda().half().train()
-    logits, extra = widenet(src, lengths, prev)
-    assert logits.dtype == torch.float16 and torch.isfinite(logits).all()
-    assert all(loss.dtype == torch.float32 for loss in extra["moe_balance_loss"])
-    latent = build_model("latent_depth_transformer_tiny", vocab_size=VOCAB).cuda().half().train()
-    logits, extra = latent(src, lengths, prev)
-    assert logits.dtype == torch.float16 and torch.isfinite(logits).all()
-    probs, samples = extra["latent_probs_decoder"][0], extra["latent_samples_decoder"][0]
-    assert probs.dtype == samples.dtype == torch.float32 and probs.is_cuda
-    assert bernoulli_kl(probs, 0.5).dtype == torch.float32
+    fp32_islands("cuda", torch.float16)
 
 
 def test_the_models_wait_for_the_gpu_only_to_ask_where_the_padding_is():

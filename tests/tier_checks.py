@@ -1,0 +1,64 @@
+"""The CUDA tier's model-level checks as functions of the device and dtype, so that the tier runs them
+in fp16 on the GPU (tests/cuda/test_cuda.py) and the CPU runs them in bf16 in every CI run
+(tests/test_bf16.py): what fails later on the GPU is then CUDA's alone. Each returns the figure it
+measured, for the tier's report."""
+import torch
+
+from test_conformance import VOCAB, batch
+from test_fused_attention import OWN_SELF_ATTENTION, right_padded_batch
+from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
+from fairseq_widearch.model_builder import build_model
+from fairseq_widearch.models.base import use_causal_kernel
+
+#: |incremental − full| and |causal kernel − additive masks| log-probabilities: half an ulp at
+#: |log p| ≈ 8 is 0.004 in fp16 (11-bit mantissa), 0.03 in bf16 (8 bits).
+LOGPROB_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 8e-2}
+
+
+def incremental_against_full(arch: str, device: str, dtype: torch.dtype) -> float:
+    """Largest |log p| difference between incremental and full decoding of a fresh ``arch``."""
+    torch.manual_seed(0)
+    model = build_model(arch, vocab_size=VOCAB).to(device=device, dtype=dtype).eval()
+    src, lengths, prev = (t.to(device) for t in batch())
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        decoded = model.decoder(prev, encoder_out=encoder_out)
+        assert decoded[0].dtype == dtype  # fairseq's log-softmax returns fp32 whatever the logits' dtype
+        full = model.get_normalized_probs(decoded, log_probs=True)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            out = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+            steps.append(model.get_normalized_probs(out, log_probs=True))
+    return (full.float() - torch.cat(steps, dim=1).float()).abs().max().item()
+
+
+def causal_kernel_against_masks(arch: str, device: str, dtype: torch.dtype) -> float:
+    """Decoder self-attention on SDPA's own causal mask against fairseq's additive masks, right-padded
+    targets, training mode without dropout: the largest |log p| difference at the real positions."""
+    torch.manual_seed(0)
+    model = build_model(arch, ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
+                               *OWN_SELF_ATTENTION[arch]], vocab_size=VOCAB).to(device=device, dtype=dtype).train()
+    src, lengths, prev = (t.to(device) for t in right_padded_batch())
+    out = {}
+    for fused in (False, True):
+        use_causal_kernel(model.decoder, fused)
+        with torch.no_grad():
+            out[fused] = model(src, lengths, prev)[0].float().log_softmax(-1)[prev.ne(1)]
+    return (out[True] - out[False]).abs().max().item()
+
+
+def fp32_islands(device: str, dtype: torch.dtype):
+    """The MoE router's losses, the Gumbel-sigmoid samples, q(z = 1) and the KL stay fp32 in a
+    half-precision model (docs/widenet.md, docs/latent_depth_transformer.md), in training mode."""
+    torch.manual_seed(0)
+    src, lengths, prev = (t.to(device) for t in batch())
+    widenet = build_model("widenet_tiny", vocab_size=VOCAB).to(device=device, dtype=dtype).train()
+    logits, extra = widenet(src, lengths, prev)
+    assert logits.dtype == dtype and torch.isfinite(logits).all()
+    assert all(loss.dtype == torch.float32 for loss in extra["moe_balance_loss"])
+    latent = build_model("latent_depth_transformer_tiny", vocab_size=VOCAB).to(device=device, dtype=dtype).train()
+    logits, extra = latent(src, lengths, prev)
+    assert logits.dtype == dtype and torch.isfinite(logits).all()
+    probs, samples = extra["latent_probs_decoder"][0], extra["latent_samples_decoder"][0]
+    assert probs.dtype == samples.dtype == torch.float32 and probs.device.type == device
+    assert bernoulli_kl(probs, 0.5).dtype == torch.float32
