@@ -30,14 +30,12 @@ from functools import partial
 
 import torch
 
-import torch.nn.functional as F
-
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.experiments.counting import alternating_rounds
 from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.models.base import use_causal_kernel
-from fairseq_widearch.modules.attention_utils import softmax_attention
+from fairseq_widearch.modules.attention_utils import bias_attention, softmax_attention
 from on_device import add_arguments, check, clock, describe, to, training_loss
 
 SYSTEMS = ("multipath_transformer_multi30k", "scalable_transformer_multi30k", "partialformer_multi30k",
@@ -85,9 +83,8 @@ def logits_as_bias(args, heads: int = 8, head_dim: int = 32, dropout: float = 0.
     shape = (args.batch_size, heads, args.tgt_len)
     logits = to(torch.randn(*shape, args.tgt_len, generator=g), args).requires_grad_()
     v = to(torch.randn(*shape, head_dim, generator=g), args).requires_grad_()
-    zeros = to(torch.zeros(*shape, 8), args)  # q kᵀ = 0: the bias is the whole logit
     forms = {"explicit": lambda: softmax_attention(logits, v, dropout)[0],
-             "fused": lambda: F.scaled_dot_product_attention(zeros, zeros, v, attn_mask=logits, dropout_p=dropout)}
+             "fused": lambda: bias_attention(logits, v, dropout)}
 
     def steps(form):
         for _ in range(10 * args.steps):

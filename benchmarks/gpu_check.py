@@ -35,6 +35,11 @@ PY = sys.executable
 sys.path.insert(0, str(BENCH))
 from training_utilisation import SYSTEMS as UTILISATION  # noqa: E402
 
+#: Every candidate of a missed target beside today's default (docs/gpu.md, "Candidates").
+CANDIDATES = ("widenet_wmt_en_de:--moe-dispatch=index", "widenet_wmt_en_de:--moe-dispatch=permute",
+              "partialformer_24_6_d360_h30_16:--partial-attention-kernel=explicit",
+              "partialformer_24_6_d360_h30_16:--partial-attention-kernel=sdpa")
+
 
 def speed_commands(dry: bool) -> list:
     """(name, seconds allowed, argv) of every speed figure, most wanted first."""
@@ -61,7 +66,7 @@ def speed_commands(dry: bool) -> list:
     commands.append(("fused attention fp16", 40,  # PartialFormer's logits as SDPA's bias, and the causal kernel
                      [BENCH / "fused_attention.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", "128",
                       "--systems", "partialformer_24_6_d360_h30_16,multipath_transformer_6l_4p"]))
-    systems = ";".join([*UTILISATION, "widenet_wmt_en_de:--moe-dispatch=padded", "widenet_wmt_en_de:--moe-dispatch=permute"])
+    systems = ";".join([*UTILISATION, *CANDIDATES])
     for batch, dtype in ((128, "fp16"), (544, "fp16"), (544, "bf16"), (128, "bf16")):  # 544 x 30 = 16,320 tokens
         commands.append((f"training_utilisation {dtype} batch {batch}", 75,
                          [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", dtype, "--batch-size",

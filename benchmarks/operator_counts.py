@@ -30,9 +30,11 @@ from fairseq_widearch.model_builder import build_model
 from on_device import training_loss
 from training_utilisation import parse_system, step_flops, stock_flags, twin_layers
 
-SYSTEMS = ("multipath_transformer_6l_4p", "widenet_wmt_en_de", "widenet_wmt_en_de:--moe-dispatch=padded",
+SYSTEMS = ("multipath_transformer_6l_4p", "widenet_wmt_en_de", "widenet_wmt_en_de:--moe-dispatch=index",
            "widenet_wmt_en_de:--moe-dispatch=permute", "scalable_transformer_wmt_en_de",
-           "latent_depth_transformer_lld_12_24", "partialformer_24_6_d360_h30_16")
+           "latent_depth_transformer_lld_12_24", "partialformer_24_6_d360_h30_16",
+           "partialformer_24_6_d360_h30_16:--partial-attention-kernel=explicit",
+           "partialformer_24_6_d360_h30_16:--partial-attention-kernel=sdpa")
 
 
 def counted(model, batch) -> dict:

@@ -3,7 +3,7 @@
 equal FLOPs.
 
 Each system is an architecture's paper-size preset. Its stock twin is fairseq's pre-norm
-Transformer of the same width (d, FFN 4·d, heads) and decoder depth, given the number of encoder layers
+Transformer of the same width (d, FFN width, heads; :func:`stock_flags`) and decoder depth, given the number of encoder layers
 whose training FLOPs per batch come closest to the system's (FLOPs grow linearly with the encoder
 depth: measured at 1 and 2 layers). System and twin train on the same random batches (forward,
 cross-entropy, backward, Adam), alternating rounds in one process. MFU = training FLOPs per step
@@ -41,10 +41,13 @@ def parse_system(system: str):
 
 
 def stock_flags(system: str, encoder_layers: int) -> list:
-    """The stock pre-norm Transformer of ``system``'s width d (FFN 4·d, the system's heads) and
-    decoder depth (PartialFormer's own FFN flag does not describe its PG-FFN)."""
-    a = parse_arch_args(parse_system(system)[0])
-    return ["--encoder-embed-dim", str(a.encoder_embed_dim), "--encoder-ffn-embed-dim", str(4 * a.encoder_embed_dim),
+    """The stock pre-norm Transformer of ``system``'s width d, FFN width, heads and decoder depth; FFN
+    4·d for PartialFormer, whose own FFN flag does not describe its PG-FFN (latent depth's FFN is
+    2·d, the others' 4·d)."""
+    arch = parse_system(system)[0]
+    a = parse_arch_args(arch)
+    ffn = 4 * a.encoder_embed_dim if arch.startswith("partialformer") else a.encoder_ffn_embed_dim
+    return ["--encoder-embed-dim", str(a.encoder_embed_dim), "--encoder-ffn-embed-dim", str(ffn),
             "--encoder-attention-heads", str(a.encoder_attention_heads), "--decoder-layers", str(a.decoder_layers),
             "--decoder-attention-heads", str(a.decoder_attention_heads), "--encoder-layers", str(encoder_layers),
             "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before"]

@@ -30,7 +30,7 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.partial_attention import GATE_ACTIVATIONS, GlobalAttentionLogits, PartialAttention, PGFFN
+from ..modules.partial_attention import GATE_ACTIVATIONS, KERNELS, GlobalAttentionLogits, PartialAttention, PGFFN
 from .base import (
     LayerLoopDecoder,
     LayerLoopEncoder,
@@ -88,6 +88,11 @@ class PartialFormerConfig(TransformerConfig):
         default=False, metadata={"help": "A^G in the decoder's cross-attention too: target-embedding queries, "
                                          "source-embedding keys (off: the released code, Table 5's MACs)"}
     )
+    partial_attention_kernel: ChoiceEnum(KERNELS) = field(
+        default="auto", metadata={"help": "how each AFFN's attention is computed, the same outputs: auto (SDPA "
+                                          "unless head scaling), explicit (softmax always), sdpa (SDPA always, the "
+                                          "head-scaled logits as its mask); docs/partialformer.md, 'Speed'"}
+    )
     partialformer_stacks: ChoiceEnum(STACKS) = field(
         default="both", metadata={"help": "PartialFormer layers in both stacks, the encoder only or the decoder only "
                                           "(Table 7 rows 7-8; the other stack is a pre-norm Transformer)"}
@@ -117,7 +122,8 @@ def build_affn(cfg, side: str, self_attention: bool) -> PartialAttention:
                        None if cfg.no_head_gates else cfg.head_gate_activation, not cfg.pg_ffn_as_printed,
                        cfg.activation_dropout, cfg.head_gate_bias_init)
     return PartialAttention(d, qk_heads, heads, head_dim, pg_ffn, kdim=None if self_attention else cfg.encoder_embed_dim,
-                            dropout=cfg.attention_dropout, self_attention=self_attention)
+                            dropout=cfg.attention_dropout, self_attention=self_attention,
+                            kernel=cfg.partial_attention_kernel)
 
 
 def build_global_logits(cfg, side: str, self_attention: bool = True) -> GlobalAttentionLogits:

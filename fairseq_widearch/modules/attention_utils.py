@@ -110,6 +110,16 @@ def softmax_attention(logits: Tensor, v: Tensor, dropout_p: float) -> Tuple[Tens
     return F.dropout(probs, dropout_p) @ v, probs
 
 
+def bias_attention(logits: Tensor, v: Tensor, dropout_p: float) -> Tensor:
+    """:func:`softmax_attention`'s output computed by ``F.scaled_dot_product_attention`` with the
+    finished ``logits`` as its additive mask over zero queries and keys (q kᵀ = 0): the one fused
+    form left when the logits are not q kᵀ (PartialFormer's head scaling). Its dropout draws other
+    random numbers than ``F.dropout``; without dropout it equals :func:`softmax_attention`."""
+    # 8: the smallest head size every fused kernel takes
+    q, k = v.new_zeros(*logits.shape[:-1], 8), v.new_zeros(*v.shape[:-1], 8)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=logits, dropout_p=dropout_p)
+
+
 def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float,
                           need_weights: bool = False, is_causal: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
     """softmax(q kᵀ / √d + mask) v per head (Vaswani et al. 2017, Eq. 1): q ``(B, h, T, d)``, k and v

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .attention_utils import (
     append_to_cache,
+    bias_attention,
     dot_product_attention,
     head_weights,
     keys_values_and_mask,
@@ -171,6 +172,10 @@ class GlobalAttentionLogits(nn.Module):
         return reorder_cache(self, incremental_state, new_order, static=not self.self_attention)
 
 
+#: How :class:`PartialAttention` computes its attention (docs/partialformer.md, "Speed").
+KERNELS = ("auto", "explicit", "sdpa")
+
+
 @with_incremental_state
 class PartialAttention(nn.Module):
     """The AFFN sub-layer's function: attention whose heads pass through the PG-FFN before the
@@ -190,19 +195,26 @@ class PartialAttention(nn.Module):
         dropout (float): attention-probability dropout.
         self_attention (bool): keys and values from the query (decoding appends to the cache) or
             from ``key`` (computed once when decoding).
+        kernel (str): how the attention is computed, the same outputs (:data:`KERNELS`): ``auto``
+            SDPA unless the logits go through head scaling or the weights are returned (then the
+            explicit softmax); ``explicit`` the explicit softmax always; ``sdpa`` SDPA always, the
+            head-scaled logits as its additive mask (:func:`bias_attention`).
 
     Raises:
-        ValueError: if ``num_heads < qk_heads`` or a size is not positive.
+        ValueError: if ``num_heads < qk_heads``, a size is not positive or the kernel is unknown.
     """
 
     def __init__(self, embed_dim: int, qk_heads: int, num_heads: int, head_dim: int, pg_ffn: Optional[PGFFN] = None,
-                 kdim: Optional[int] = None, dropout: float = 0.0, self_attention: bool = True):
+                 kdim: Optional[int] = None, dropout: float = 0.0, self_attention: bool = True, kernel: str = "auto"):
         super().__init__()
         if min(embed_dim, qk_heads, num_heads, head_dim) <= 0:
             raise ValueError(f"attention sizes must be positive, got d={embed_dim}, H_0={qk_heads}, H={num_heads}, "
                              f"d_k={head_dim}")
         if num_heads < qk_heads:
             raise ValueError(f"H = {num_heads} heads must be >= the H_0 = {qk_heads} Q/K heads")
+        if kernel not in KERNELS:
+            raise ValueError(f"--partial-attention-kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+        self.kernel = kernel
         self.qk_heads, self.num_heads, self.head_dim = qk_heads, num_heads, head_dim
         self.dropout, self.self_attention = dropout, self_attention
         self.causal_kernel = False  # see attention_utils
@@ -244,10 +256,15 @@ class PartialAttention(nn.Module):
             mask = global_logits if mask is None else global_logits + mask
         dropout = self.dropout if self.training else 0.0
         if self.head_expansion is None:  # Eqs. 1-2 (+ A^G as an additive mask), fused unless weights are needed
-            heads, probs = dot_product_attention(q, k, v, mask, dropout, need_head_weights, is_causal)
+            explicit = need_head_weights or self.kernel == "explicit"
+            heads, probs = dot_product_attention(q, k, v, mask, dropout, explicit, is_causal)
         else:
             logits = self.head_expansion((q * self.head_dim ** -0.5) @ k.transpose(-1, -2))
-            heads, probs = softmax_attention(logits if mask is None else logits + mask, v, dropout)
+            logits = logits if mask is None else logits + mask
+            if self.kernel == "sdpa" and not need_head_weights:
+                heads, probs = bias_attention(logits, v, dropout), None
+            else:
+                heads, probs = softmax_attention(logits, v, dropout)
         heads = heads.permute(2, 0, 1, 3)  # (B, H, T, d_k) -> (T, B, H, d_k)
         if self.pg_ffn is not None:
             heads = self.pg_ffn(heads, query)

@@ -9,10 +9,12 @@ import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 
-from fairseq_widearch.experiments.counting import model_stats
+from fairseq_widearch.experiments.counting import OperatorCounter, model_stats
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import PartialAttention, PGFFN
 from conftest import REPO, run
+from test_conformance import VOCAB
+from test_fused_attention import right_padded_batch
 
 D, H0, DK = 32, 4, 8
 
@@ -204,3 +206,30 @@ def test_checkpoints_from_before_the_released_codes_default_rebuild_as_trained()
         assert not hasattr(args, "pg_ffn_inner_residual")
     model = build_model("partialformer_tiny", ["--pg-ffn-as-printed", "--no-global-attention-norm"], vocab_size=40)
     assert model.encoder.global_logits.query_norm is None and not model.encoder.layers[0].self_attn.pg_ffn.inner_residual
+
+
+@pytest.mark.parametrize("kernel", ["explicit", "sdpa"])
+def test_every_attention_kernel_gives_the_same_loss_and_gradients(kernel):
+    """``--partial-attention-kernel`` (docs/partialformer.md, "Speed") against ``auto``, in training
+    with residual and activation dropout (attention dropout off: SDPA's draws other random numbers),
+    head scaling in the encoder (H 6 > H_0 4) and none in the decoder (H = H_0), right-padded
+    targets; the operators show which kernel ran."""
+    results = {}
+    for name in ("auto", kernel):
+        torch.manual_seed(0)
+        model = build_model("partialformer_tiny", ["--dropout", "0.3", "--attention-dropout", "0", "--activation-dropout",
+                                                   "0.2", "--decoder-heads", "4", "--partial-attention-kernel", name],
+                            vocab_size=VOCAB).train()
+        src, lengths, prev = right_padded_batch()
+        torch.manual_seed(1)
+        with OperatorCounter() as counter:
+            loss = model(src, lengths, prev)[0].float().log_softmax(-1)[prev.ne(1)].mean()
+        loss.backward()
+        # the explicit softmax's nan_to_num, once per attention computed explicitly
+        results[name] = loss, {n: p.grad for n, p in model.named_parameters()}, counter.counts.get("nan_to_num", 0)
+    (loss, grads, explicit_auto), (loss_k, grads_k, explicit_k) = results["auto"], results[kernel]
+    torch.testing.assert_close(loss_k, loss, atol=1e-5, rtol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_k[name], grad, atol=1e-5, rtol=1e-5, msg=name)
+    # auto: the encoder's head-scaled attentions explicit; explicit: every one; sdpa: none
+    assert 0 < explicit_auto and (explicit_k > explicit_auto if kernel == "explicit" else explicit_k == 0)
