@@ -177,8 +177,8 @@ class Experts(nn.Module):
 
 class GatherRows(torch.autograd.Function):
     """``cat(x, 0)[index]`` whose backward is another gather, ``cat(grad, 0)[inverse]`` summed over
-    ``fold`` consecutive blocks, instead of index_select's scatter-add: no atomic adds and no
-    repeated indices in either pass (the row past the end of x is the zero row).
+    ``fold`` consecutive blocks, instead of index_select's scatter-add: no atomic adds, and no row
+    written twice in either pass (the row past the end of x is the zero row, read as often as needed).
 
     Args:
         x: ``(n, d)``.
