@@ -30,7 +30,8 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.partial_attention import GATE_ACTIVATIONS, KERNELS, GlobalAttentionLogits, PartialAttention, PGFFN
+from ..modules.partial_attention import (GATE_ACTIVATIONS, KERNELS, GlobalAttentionLogits, PartialAttention, PGFFN,
+                                         qkv_gain)
 from .base import (
     LayerLoopDecoder,
     LayerLoopEncoder,
@@ -43,6 +44,8 @@ from .presets import MULTI30K_BODY, register_preset, set_defaults
 from .validation import reject_unapplied, require, require_positive
 
 STACKS = ("both", "encoder", "decoder")
+#: Initialisations (docs/partialformer.md, "Initialisation").
+INITS = ("released", "ours")
 
 
 @dataclass
@@ -72,9 +75,14 @@ class PartialFormerConfig(TransformerConfig):
         default=False, metadata={"help": "G_i ⊙ FFN(head_i), Eq. 5 as printed; by default G_i ⊙ (head_i + FFN(head_i)) "
                                          "as the authors' released code computes it (Fig. 2 omits residuals)"}
     )
-    head_gate_bias_init: float = field(
-        default=1.0, metadata={"help": "initial bias of the gate projections W^G (Eq. 5); 1 opens the ReLU gates so "
-                                       "that each AFFN sub-layer starts at a Transformer sub-layer's scale"}
+    partialformer_init: ChoiceEnum(INITS) = field(
+        default="released", metadata={"help": "initialisation: released (the authors' code: nn.Linear's biases on Q/K/V, "
+                                          "W^G and A^G, W^G Xavier with the Q/K/V gain) or ours (zero biases, W^G "
+                                          "nn.Linear's with bias 1); docs/partialformer.md, 'Initialisation'"}
+    )
+    head_gate_bias_init: Optional[float] = field(
+        default=None, metadata={"help": "initial bias of the gate projections W^G (Eq. 5), overriding "
+                                        "--partialformer-init's (released: nn.Linear's; ours: 1, open ReLU gates)"}
     )
     no_global_attention_norm: bool = field(
         default=False, metadata={"help": "A^G (Eq. 6) from the raw embeddings, as printed; by default from "
@@ -116,20 +124,23 @@ def head_sizes(cfg, side: str):
 def build_affn(cfg, side: str, self_attention: bool) -> PartialAttention:
     """The attention + PG-FFN of one AFFN sub-layer of ``side`` (``encoder``/``decoder``)."""
     d, qk_heads, heads, head_dim = head_sizes(cfg, side)
+    kdim = d if self_attention else cfg.encoder_embed_dim
+    released = cfg.partialformer_init == "released"
     pg_ffn = None
     if not cfg.no_pg_ffn:
+        gate_bias = cfg.head_gate_bias_init if cfg.head_gate_bias_init is not None else (None if released else 1.0)
         pg_ffn = PGFFN(d, heads, head_dim, getattr(cfg, f"{side}_pg_ffn_ratio") * head_dim,
                        None if cfg.no_head_gates else cfg.head_gate_activation, not cfg.pg_ffn_as_printed,
-                       cfg.activation_dropout, cfg.head_gate_bias_init)
-    return PartialAttention(d, qk_heads, heads, head_dim, pg_ffn, kdim=None if self_attention else cfg.encoder_embed_dim,
-                            dropout=cfg.attention_dropout, self_attention=self_attention,
-                            kernel=cfg.partial_attention_kernel)
+                       cfg.activation_dropout, gate_bias, qkv_gain(d, kdim) if released else None)
+    return PartialAttention(d, qk_heads, heads, head_dim, pg_ffn, kdim=kdim, dropout=cfg.attention_dropout,
+                            self_attention=self_attention, kernel=cfg.partial_attention_kernel, zero_bias=not released)
 
 
 def build_global_logits(cfg, side: str, self_attention: bool = True) -> GlobalAttentionLogits:
     d, _, heads, head_dim = head_sizes(cfg, side)
     return GlobalAttentionLogits(d, heads, head_dim, self_attention, kdim=None if self_attention else cfg.encoder_embed_dim,
-                                 normalize=not cfg.no_global_attention_norm)
+                                 normalize=not cfg.no_global_attention_norm,
+                                 zero_bias=cfg.partialformer_init != "released")
 
 
 class PartialEncoderLayer(EncoderLayer):

@@ -40,12 +40,20 @@ GATE_FUNCTIONS = {"relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
 GATE_ACTIVATIONS = tuple(GATE_FUNCTIONS)
 
 
-def _linear(in_dim: int, out_dim: int, gain: float = 1.0) -> nn.Linear:
-    """fairseq's attention initialisation: Xavier-uniform weights, zero bias."""
+def _linear(in_dim: int, out_dim: int, gain: float = 1.0, zero_bias: bool = True) -> nn.Linear:
+    """fairseq's attention initialisation: Xavier-uniform weights; a zero bias, or nn.Linear's own
+    (uniform in ±1/√in_dim, as the authors' released code leaves its Q/K/V biases)."""
     layer = nn.Linear(in_dim, out_dim)
     nn.init.xavier_uniform_(layer.weight, gain=gain)
-    nn.init.zeros_(layer.bias)
+    if zero_bias:
+        nn.init.zeros_(layer.bias)
     return layer
+
+
+def qkv_gain(embed_dim: int, kdim: int) -> float:
+    """The Xavier gain of the Q/K/V projections, as fairseq's ``MultiheadAttention`` (and the released
+    code, for its gate projection too): 1/√2 where keys and queries have one width, else 1."""
+    return 1 / math.sqrt(2) if kdim == embed_dim else 1.0
 
 
 def _heads(x: Tensor, head_dim: int) -> Tensor:
@@ -73,9 +81,10 @@ class PGFFN(nn.Module):
         inner_residual (bool): ``G_i ⊙ (head_i + FFN(head_i))``, as the authors' released code does
             (Fig. 2 leaves residual connections out of the drawing); False: Eq. 5 as printed.
         activation_dropout (float): dropout after the FFN's ReLU.
-        gate_bias (float): initial bias of W^G (its weights keep nn.Linear's initialisation); 1 opens
-            the ReLU gates at initialisation, so that an AFFN sub-layer starts at a Transformer
-            sub-layer's output scale (docs/partialformer.md).
+        gate_bias (float or None): initial bias of W^G; None keeps nn.Linear's (the released code);
+            1 opens the ReLU gates at initialisation (docs/partialformer.md, "Initialisation").
+        gate_gain (float or None): W^G's weights Xavier-uniform with this gain (the released code:
+            its Q/K/V gain); None keeps nn.Linear's initialisation.
 
     Shapes: ``forward(heads (T, B, H, d_k), gate_input (T, B, d))`` -> ``(T, B, H, d_k)``.
 
@@ -85,7 +94,8 @@ class PGFFN(nn.Module):
 
     def __init__(self, embed_dim: int, num_heads: int, head_dim: int, hidden_dim: int,
                  gate_activation: Optional[str] = "relu", inner_residual: bool = True,
-                 activation_dropout: float = 0.0, gate_bias: float = 1.0):
+                 activation_dropout: float = 0.0, gate_bias: Optional[float] = 1.0,
+                 gate_gain: Optional[float] = None):
         super().__init__()
         if gate_activation is not None and gate_activation not in GATE_ACTIVATIONS:
             raise ValueError(f"--head-gate-activation must be one of {GATE_ACTIVATIONS}, got {gate_activation!r}")
@@ -93,7 +103,9 @@ class PGFFN(nn.Module):
         self.fc2 = nn.Linear(hidden_dim, head_dim) if hidden_dim else None
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
         self.gate_proj = nn.Linear(embed_dim, num_heads * head_dim) if gate_activation else None
-        if self.gate_proj is not None:
+        if self.gate_proj is not None and gate_gain is not None:
+            nn.init.xavier_uniform_(self.gate_proj.weight, gain=gate_gain)
+        if self.gate_proj is not None and gate_bias is not None:
             nn.init.constant_(self.gate_proj.bias, gate_bias)
         self.gate_fn = GATE_FUNCTIONS[gate_activation] if gate_activation else None
         self.inner_residual = inner_residual
@@ -144,16 +156,17 @@ class GlobalAttentionLogits(nn.Module):
         normalize (bool): LayerNorm the embeddings first (own parameters; the keys' own LayerNorm in
             the cross-attention map), as the authors' released code does; False: the raw embeddings,
             as Eq. 6 prints it.
+        zero_bias (bool): the projections' biases start at 0; False: nn.Linear's (the released code).
 
     Shapes: ``forward(query (T, B, d), key (S, B, kdim) or None)`` -> ``(B, H, T, S)``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, head_dim: int, self_attention: bool = True,
-                 kdim: Optional[int] = None, normalize: bool = True):
+                 kdim: Optional[int] = None, normalize: bool = True, zero_bias: bool = True):
         super().__init__()
         self.head_dim, self.self_attention = head_dim, self_attention
-        self.q_proj = _linear(embed_dim, num_heads * head_dim, gain=1 / math.sqrt(2))
-        self.k_proj = _linear(kdim or embed_dim, num_heads * head_dim, gain=1 / math.sqrt(2))
+        self.q_proj = _linear(embed_dim, num_heads * head_dim, 1 / math.sqrt(2), zero_bias)
+        self.k_proj = _linear(kdim or embed_dim, num_heads * head_dim, 1 / math.sqrt(2), zero_bias)
         self.query_norm = LayerNorm(embed_dim) if normalize else None
         self.key_norm = LayerNorm(kdim or embed_dim) if normalize and not self_attention else None
 
@@ -199,13 +212,16 @@ class PartialAttention(nn.Module):
             SDPA unless the logits go through head scaling or the weights are returned (then the
             explicit softmax); ``explicit`` the explicit softmax always; ``sdpa`` SDPA always, the
             head-scaled logits as its additive mask (:func:`bias_attention`).
+        zero_bias (bool): the Q/K/V biases start at 0 (fairseq's ``MultiheadAttention``); False:
+            nn.Linear's (the released code). The output projection's bias starts at 0 either way.
 
     Raises:
         ValueError: if ``num_heads < qk_heads``, a size is not positive or the kernel is unknown.
     """
 
     def __init__(self, embed_dim: int, qk_heads: int, num_heads: int, head_dim: int, pg_ffn: Optional[PGFFN] = None,
-                 kdim: Optional[int] = None, dropout: float = 0.0, self_attention: bool = True, kernel: str = "auto"):
+                 kdim: Optional[int] = None, dropout: float = 0.0, self_attention: bool = True, kernel: str = "auto",
+                 zero_bias: bool = True):
         super().__init__()
         if min(embed_dim, qk_heads, num_heads, head_dim) <= 0:
             raise ValueError(f"attention sizes must be positive, got d={embed_dim}, H_0={qk_heads}, H={num_heads}, "
@@ -219,10 +235,10 @@ class PartialAttention(nn.Module):
         self.dropout, self.self_attention = dropout, self_attention
         self.causal_kernel = False  # see attention_utils
         kdim = kdim or embed_dim
-        gain = 1 / math.sqrt(2) if kdim == embed_dim else 1.0  # as fairseq's MultiheadAttention
-        self.q_proj = _linear(embed_dim, qk_heads * head_dim, gain)
-        self.k_proj = _linear(kdim, qk_heads * head_dim, gain)
-        self.v_proj = _linear(kdim, num_heads * head_dim, gain)
+        gain = qkv_gain(embed_dim, kdim)
+        self.q_proj = _linear(embed_dim, qk_heads * head_dim, gain, zero_bias)
+        self.k_proj = _linear(kdim, qk_heads * head_dim, gain, zero_bias)
+        self.v_proj = _linear(kdim, num_heads * head_dim, gain, zero_bias)
         self.out_proj = _linear(num_heads * head_dim, embed_dim)
         self.head_expansion = HeadExpansion(qk_heads, num_heads) if num_heads > qk_heads else None
         self.pg_ffn = pg_ffn
