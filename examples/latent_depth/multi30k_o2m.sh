@@ -2,13 +2,15 @@
 # Multilingual latent depth on Multi30k one-to-many (en->de, en->fr, en->cs) on CPU: one layer-selection
 # posterior per language pair, aggregated-posterior prior (Li et al. 2020, Eq. 7), target depth K.
 #
-#   bash examples/latent_depth/multi30k_o2m.sh [--impl ours|anchor] [--objective ours|anchor] [--seed S]
+#   bash examples/latent_depth/multi30k_o2m.sh [--impl ours|anchor|anchor_initialised] [--objective ours|anchor] [--seed S]
 #        [--max-update N] [--minutes M] [--decode MODE,...] [--work-dir DIR] [--data-dir DIR]
 #
 # --impl ours   (default) latent_depth_transformer_multi30k on fairseq's translation_multi_simple_epoch;
 # --impl anchor fairseq's own examples/latent_depth (task multilingual_translation_latent_depth) with
 #               the same body (d 128, FFN 512, 4 heads, 3 static encoder + 6 latent decoder layers,
 #               pre-norm, shared embeddings), the same optimiser, seed, tokens per update and budget.
+# --impl anchor_initialised  the anchor with its layer logits initialised to 0 (q = 0.5, where ours
+#               starts) instead of uninitialised memory; patched from here, the installed fairseq untouched.
 # --objective   ours: our Eq. 8 (default); anchor: the released code's objective term for term
 #               (--latent-objective anchor). --impl anchor always trains under its own.
 # Trains N updates (default 2000; --minutes M stops earlier, and says so), resuming from the run's
@@ -45,8 +47,8 @@ while [ $# -gt 0 ]; do
 done
 case "$IMPL/$OBJECTIVE" in
   ours/ours|ours/anchor) NAME="ours-objective_$OBJECTIVE-seed$SEED"; DECODE="${DECODE:-soft}"; MODES="soft sampled hard" ;;
-  anchor/*) NAME="anchor-seed$SEED"; DECODE="${DECODE:-sampled}"; MODES="sampled all" ;;
-  *) echo "error: --impl must be ours or anchor and --objective ours or anchor, got $IMPL / $OBJECTIVE" >&2; exit 2 ;;
+  anchor/*|anchor_initialised/*) NAME="$IMPL-seed$SEED"; DECODE="${DECODE:-sampled}"; MODES="sampled all" ;;
+  *) echo "error: --impl must be ours, anchor or anchor_initialised and --objective ours or anchor, got $IMPL / $OBJECTIVE" >&2; exit 2 ;;
 esac
 for MODE in ${DECODE//,/ }; do
   if [[ " $MODES " != *" $MODE "* ]]; then
@@ -65,6 +67,7 @@ if [ "$MINUTES" != 0 ]; then COMMON+=(--stop-time-hours "$("$PY" -c "print($MINU
 # Latent depth: β = 0.1 per layer reached after 300 updates, straight-through hard samples after 300,
 # K = 3, λ = 0.1. Ours' own objective sums the KL over the 6 latent layers (Eq. 8), the anchor's
 # averages it, so ours runs --latent-kl-weight 0.1 / 6 there for the same strength.
+if [ "$IMPL" = anchor_initialised ]; then export INITIALISED_LOGITS=1; fi
 if [ "$IMPL" = ours ]; then
   USER_DIR="$ROOT/fairseq_widearch"
   TASK=(--task translation_multi_simple_epoch)
@@ -92,15 +95,22 @@ SAVE="$WORK/checkpoints/$NAME"
 mkdir -p "$SAVE"
 # Importing the plugin first lets fairseq load (resume from, decode) checkpoints under torch's
 # weights-only loading, also for the anchor's own --user-dir. ALL_LAYERS=1 makes the anchor's layer
-# selection return 1 for every layer (its code has no such mode).
+# selection return 1 for every layer (its code has no such mode); INITIALISED_LOGITS=1 fills its
+# layer logits with 0 when it builds them (its code leaves torch.Tensor's uninitialised memory).
 run_fairseq() {
   "$PY" -c "import sys, os, torch, fairseq_widearch
 from argparse import Namespace
 from fairseq.utils import import_user_module
+import_user_module(Namespace(user_dir='$USER_DIR'))
+select = sys.modules['latent_depth_src'].modules.latent_layers.LayerSelect if 'latent_depth_src' in sys.modules else None
 if os.environ.get('ALL_LAYERS') == '1':
-    import_user_module(Namespace(user_dir='$USER_DIR'))
-    sys.modules['latent_depth_src'].modules.latent_layers.LayerSelect._gumbel_sigmoid = (
-        lambda self, logits, **kw: torch.ones_like(logits))
+    select._gumbel_sigmoid = lambda self, logits, **kw: torch.ones_like(logits)
+if os.environ.get('INITIALISED_LOGITS') == '1':
+    build = select.__init__
+    def initialised(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        torch.nn.init.zeros_(self.layer_logits)
+    select.__init__ = initialised
 from fairseq_cli.$1 import cli_main
 sys.argv[0] = '$1'; cli_main()" "${@:2}"
 }

@@ -260,7 +260,9 @@ class RoutingGroups:
         self.routing = routing = Routing(*fields)
         self.aux["moe_balance_loss"].append(routing.balance_loss)
         kept = routing.kept.float()
-        self.aux["moe_dropped"].append(1 - kept.mean() if kept.numel() else kept.sum())
+        # over the real tokens' assignments: a padded dispatch routes the padding too (slot -1, never kept)
+        real = (routing.slot >= 0).float().sum()
+        self.aux["moe_dropped"].append((real - kept.sum()) / real.clamp_min(1))
         # assignments kept per expert, by scatter_add: bincount of the kept ones would wait for the GPU
         load = kept.new_zeros(routing.num_experts).scatter_add_(0, routing.expert, kept)
         self.aux["moe_load"].append(load)

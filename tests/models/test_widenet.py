@@ -188,3 +188,21 @@ def test_router_per_block_with_routing_groups_gives_routers_to_routing_blocks_on
     logits, extra = grouped(src, lengths, prev)
     (logits.mean() + torch.stack(extra["moe_balance_loss"]).sum()).backward()
     assert [name for name, p in grouped.named_parameters() if p.grad is None] == []
+
+
+@pytest.mark.parametrize("dispatch", ["index", "padded", "permute"])
+def test_routing_statistics_count_the_real_tokens_only(dispatch):
+    """``moe_dropped`` and ``moe_load`` over a padded batch in training (capacity applies, C = 0.5:
+    some assignments dropped) equal those of the same sentences with more padding, whichever the
+    dispatch (``padded`` and ``permute`` route the padding rows too, never keeping them)."""
+    src, lengths, _ = batch()
+    padded_src = torch.cat([torch.ones(3, 4, dtype=src.dtype), src], dim=1)  # four more left-padding steps
+    stats = []
+    for tokens in (src, padded_src):
+        torch.manual_seed(0)
+        model = make_model("--moe-dispatch", dispatch, "--moe-capacity-factor", "0.5", "--moe-no-router-noise").train()
+        out = model.encoder(tokens, src_lengths=lengths)
+        stats.append({key: torch.stack(out[key]) for key in ("moe_dropped", "moe_load")})
+    assert (stats[0]["moe_dropped"] > 0).all()
+    for key in ("moe_dropped", "moe_load"):
+        torch.testing.assert_close(stats[1][key], stats[0][key], atol=1e-6, rtol=1e-6)
