@@ -2,6 +2,10 @@
 in fp16 on the GPU (tests/cuda/test_cuda.py) and the CPU runs them in bf16 in every CI run
 (tests/test_bf16.py): what fails later on the GPU is then CUDA's alone. Each returns the figure it
 measured, for the tier's report."""
+import json
+import math
+import re
+
 import torch
 
 from test_conformance import VOCAB, batch
@@ -62,3 +66,32 @@ def fp32_islands(device: str, dtype: torch.dtype):
     probs, samples = extra["latent_probs_decoder"][0], extra["latent_samples_decoder"][0]
     assert probs.dtype == samples.dtype == torch.float32 and probs.device.type == device
     assert bernoulli_kl(probs, 0.5).dtype == torch.float32
+
+
+#: The tier's training flags (lr 0.005, inverse-sqrt with 100 warm-up updates, 4,096 tokens), less
+#: ``--max-update`` and the precision.
+TRAIN_FLAGS = ["--num-workers", "0", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.005",
+               "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--max-tokens", "4096",
+               "--label-smoothing", "0.1", "--seed", "1", "--log-format", "json", "--no-epoch-checkpoints",
+               "--disable-validation"]
+
+
+def train_inner(log: str) -> list:
+    """fairseq's ``--log-format json`` train_inner records, in order, their figures as floats."""
+    records = [json.loads(m) for m in re.findall(r"train_inner(?: \| |:)(\{.*\})", log)]
+    return [{k: float(v) for k, v in r.items() if re.fullmatch(r"-?[\d.]+(e[-+]?\d+)?|-?inf|nan", str(v))}
+            for r in records]
+
+
+def check_training(stats: list, half: bool = True):
+    """Every logged figure finite, the mean loss of the last 3 logs at least 1 below that of the first
+    3, and an fp16 loss scale never under 1 (fairseq starts at 128 and stops at --min-loss-scale 1e-4:
+    a scale under 1 means the gradients overflowed fp16 over and over). Returns (losses, scales)."""
+    for record in stats:
+        for key, value in record.items():
+            assert math.isfinite(value), f"{key} = {value} at {record}"
+    losses = [r["loss"] for r in stats]
+    scales = [r["loss_scale"] for r in stats if "loss_scale" in r]  # bf16 needs no loss scale
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 1.0, losses
+    assert min(scales, default=1.0) >= 1.0, scales
+    return losses, scales
