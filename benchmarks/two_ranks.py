@@ -20,7 +20,6 @@ the exit status is 1 if a check fails.
 """
 import argparse
 import json
-import re
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin; its checkpoints load with weights_only)
+from fairseq_widearch.experiments.runner import train_inner
 from fairseq_widearch.experiments.settings import criterion_flags, tiny_cases
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def train_flags(args, arch: str, save: Path) -> list:
 
 def losses(log: str) -> list:
     """Loss of every update, from fairseq's json train_inner records."""
-    return [float(json.loads(m)["loss"]) for m in re.findall(r"train_inner(?: \| |:)(\{.*\})", log)]
+    return [record["loss"] for record in train_inner(log)]
 
 
 def launch(cmd):

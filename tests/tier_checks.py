@@ -2,9 +2,7 @@
 in fp16 on the GPU (tests/cuda/test_cuda.py) and the CPU runs them in bf16 in every CI run
 (tests/test_bf16.py): what fails later on the GPU is then CUDA's alone. Each returns the figure it
 measured, for the tier's report."""
-import json
 import math
-import re
 
 import torch
 
@@ -74,13 +72,6 @@ TRAIN_FLAGS = ["--num-workers", "0", "--optimizer", "adam", "--adam-betas", "(0.
                "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--max-tokens", "4096",
                "--label-smoothing", "0.1", "--seed", "1", "--log-format", "json", "--no-epoch-checkpoints",
                "--disable-validation"]
-
-
-def train_inner(log: str) -> list:
-    """fairseq's ``--log-format json`` train_inner records, in order, their figures as floats."""
-    records = [json.loads(m) for m in re.findall(r"train_inner(?: \| |:)(\{.*\})", log)]
-    return [{k: float(v) for k, v in r.items() if re.fullmatch(r"-?[\d.]+(e[-+]?\d+)?|-?inf|nan", str(v))}
-            for r in records]
 
 
 def check_training(stats: list, half: bool = True):

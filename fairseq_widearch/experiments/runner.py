@@ -7,6 +7,7 @@ picks a study up where the file says it stands.
 import argparse
 import json
 import os
+import re
 import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -110,3 +111,12 @@ def run_jobs(run: Callable, jobs: Iterable[tuple], at_once: int):
         futures = [pool.submit(run, *job) for job in jobs]
     for future in futures:
         future.result()
+
+
+def train_inner(log: str) -> list:
+    """fairseq-train's ``--log-format json`` train_inner records in ``log`` (its own CLI's format,
+    ``... | train_inner | {...}``, or Python logging's default, ``INFO:train_inner:{...}``), in order,
+    each figure as a float (fairseq writes them as strings; non-numbers are left out)."""
+    records = [json.loads(m) for m in re.findall(r"train_inner(?: \| |:)(\{.*\})", log)]
+    return [{k: float(v) for k, v in r.items() if re.fullmatch(r"-?[\d.]+(e[-+]?\d+)?|-?inf|nan", str(v))}
+            for r in records]

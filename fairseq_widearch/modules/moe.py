@@ -50,6 +50,10 @@ class Routing:
     num_experts: int
     balance_loss: Tensor
 
+    def kept_gate(self, dtype: torch.dtype) -> Tensor:
+        """``(k·N,)`` gate values in ``dtype``, 0 for the dropped assignments."""
+        return self.gate.masked_fill(~self.kept, 0.0).to(dtype)
+
     def as_tuple(self) -> tuple:
         """The fields in order (``Routing(*routing.as_tuple())`` rebuilds it): the form in which a
         routing crosses a layer boundary, so that fairseq's activation checkpointing, which sees
@@ -131,11 +135,12 @@ class TopKRouter(nn.Module):
         # contiguous last dim (the scan down the first dim of a (k·N, E) one-hot took 2.7 of the layer's
         # ~5 ms on an H100 at 8,192 tokens, docs/gpu.md); F.one_hot would check its input on the host
         chosen = torch.arange(E, device=x.device)[:, None] == expert[None, :]
+        real_assignments = None if real is None else real.repeat(k)
         if real is not None:
-            chosen = chosen & real.repeat(k)[None, :]  # padding takes no slot and adds no load
+            chosen = chosen & real_assignments[None, :]  # padding takes no slot and adds no load
         slot = chosen.cumsum(dim=1).gather(0, expert[None, :]).squeeze(0) - 1  # position in the expert's buffer
         if real is not None:
-            slot = slot.masked_fill(~real.repeat(k), -1)
+            slot = slot.masked_fill(~real_assignments, -1)
         loads = chosen.sum(dim=1)  # assignments per expert
         # Eqs. 3-5: m_i = fraction of tokens assigned to expert i (not differentiable),
         # P_i = mean router probability of expert i over the same tokens.
@@ -281,8 +286,7 @@ class MoELayer(nn.Module):
         where = torch.where(routing.kept, routing.expert * cap + routing.slot, E * cap)  # flat buffer position
         buffer = tokens.new_zeros(E * cap + 1, d).index_copy(0, where, tokens.index_select(0, routing.token))
         out = self.experts(buffer[:-1].view(E, cap, d)).view(E * cap, d)
-        gate = routing.gate.masked_fill(~routing.kept, 0.0).to(out.dtype)
-        weighted = out.index_select(0, where.clamp_max(E * cap - 1)) * gate[:, None]
+        weighted = out.index_select(0, where.clamp_max(E * cap - 1)) * routing.kept_gate(out.dtype)[:, None]
         return tokens.new_zeros(tokens.shape).index_add(0, routing.token, weighted)
 
     def permuted(self, tokens: Tensor, routing: Routing) -> Tensor:
@@ -300,5 +304,4 @@ class MoELayer(nn.Module):
         buffer = GatherRows.apply(tokens, source, position, k)
         out = self.experts(buffer.view(E, cap, d)).view(slots, d)
         per_assignment = GatherRows.apply(out, position, assignment, 1)  # (A, d), 0 where dropped
-        gate = routing.gate.masked_fill(~routing.kept, 0.0).to(out.dtype)
-        return (per_assignment * gate[:, None]).view(k, N, d).sum(dim=0)
+        return (per_assignment * routing.kept_gate(out.dtype)[:, None]).view(k, N, d).sum(dim=0)

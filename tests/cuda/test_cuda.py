@@ -22,7 +22,8 @@ import torch
 from conftest import REPO, TINY_ARCHS, TINY_CASES as CASES, criterion_for, fairseq_cli, run
 from test_fused_attention import OWN_SELF_ATTENTION
 from tier_checks import (LOGPROB_TOLERANCE, TRAIN_FLAGS as TIER_FLAGS, causal_kernel_against_masks, check_training,
-                         fp32_islands, incremental_against_full, train_inner)
+                         fp32_islands, incremental_against_full)
+from fairseq_widearch.experiments.runner import train_inner
 from fairseq_widearch.experiments.scoring import corpus_bleu, generate
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
