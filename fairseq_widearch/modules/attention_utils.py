@@ -114,7 +114,8 @@ def bias_attention(logits: Tensor, v: Tensor, dropout_p: float) -> Tensor:
     """:func:`softmax_attention`'s output computed by ``F.scaled_dot_product_attention`` with the
     finished ``logits`` as its additive mask over zero queries and keys (q kᵀ = 0): the one fused
     form left when the logits are not q kᵀ (PartialFormer's head scaling). Its dropout draws other
-    random numbers than ``F.dropout``; without dropout it equals :func:`softmax_attention`."""
+    random numbers than ``F.dropout``; without dropout it equals :func:`softmax_attention`.
+    logits ``(B, h, T, S)`` scaled and masked, v ``(B, h, S, d)`` -> ``(B, h, T, d)``."""
     # 8: the smallest head size every fused kernel takes
     q, k = v.new_zeros(*logits.shape[:-1], 8), v.new_zeros(*v.shape[:-1], 8)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=logits, dropout_p=dropout_p)
