@@ -18,6 +18,8 @@ def test_updates_and_wall_time_are_read_from_every_stage():
     stage2 = "\n".join([epoch_line(1, 1, 3), epoch_line(2, 6, 9), "Stopping training due to num_updates: 6 >= 6"])
     assert compare.training_updates(stage1, stage2) == 20 + 6  # a later stage restarts its update count
     assert compare.training_wall_seconds(stage1, stage2) == 40 + 9
+    resumed = "\n".join([stage1, "noise", epoch_line(3, 30, 12), epoch_line(4, 40, 25)])  # fairseq's clock restarts
+    assert compare.training_wall_seconds(resumed) == 40 + 25
     assert not compare.cut_short(stage1, stage2)
     assert compare.cut_short(stage1, "Stopping training due to cumulative_training_time: 0.3 > stop_time_hours: 0.25")
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from fairseq_widearch.experiments.compare import training_wall_seconds
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "examples" / "latent_depth" / "multi30k_o2m.sh"
 #: system -> the recipe's flags; every decoding mode that applies to it.
@@ -41,7 +43,7 @@ SYSTEMS = {
 }
 PAIRS = ("de", "fr", "cs")
 SCORE_LINE = re.compile(r"^\| (\S+) en-(\w+) (\w+): BLEU = ([\d.]+) .*ratio = ([\d.]+)")
-TRAIN_LINE = re.compile(r"\| num_updates (\d+) \|.*\| wall (\d+)")  # the end-of-epoch summary
+TRAIN_LINE = re.compile(r"\| num_updates (\d+) \|.*\| wall \d+")  # the end-of-epoch summary
 
 
 def run_name(system: str, seed: int) -> str:
@@ -59,7 +61,8 @@ def posterior(checkpoint: Path):
 def parse(system: str, seed: int, stdout: str, work: Path, max_update: int, beside):
     """One result row from the recipe's output and training log."""
     name = run_name(system, seed)
-    updates, wall = map(int, TRAIN_LINE.findall((work / f"train-{name}.log").read_text())[-1])
+    log = (work / f"train-{name}.log").read_text()
+    updates, wall = int(TRAIN_LINE.findall(log)[-1]), round(training_wall_seconds(log))
     decode = {}
     for line in stdout.splitlines():
         match = SCORE_LINE.match(line)

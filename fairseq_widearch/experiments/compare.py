@@ -78,8 +78,15 @@ def training_updates(*logs: str) -> int:
 
 
 def training_wall_seconds(*logs: str) -> float:
-    """fairseq's cumulative wall clock at the last epoch summary of each log, summed over the logs."""
-    return sum(float(re.findall(r"\| num_updates \d+ \|.*\| wall (\d+)", log)[-1]) for log in logs)
+    """fairseq's wall clock at the end of training, summed over the logs (one per stage).
+
+    A training resumed from its checkpoint appends to the same log, and fairseq starts its wall
+    clock again from 0: each run's last epoch summary is counted, a drop in the clock ending a run."""
+    total = 0.0
+    for log in logs:
+        walls = [float(w) for w in re.findall(r"\| num_updates \d+ \|.*\| wall (\d+)", log)]
+        total += sum(w for w, following in zip(walls, [*walls[1:], 0.0]) if following < w)
+    return total
 
 
 def cut_short(*logs: str) -> bool:
@@ -262,10 +269,14 @@ def plot(summary, path: Path):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     scalable = sorted((r for r in summary if r["width"]), key=lambda r: r["macs"])
-    for i, r in enumerate(r for r in summary if not r["width"]):
+    points = [r for r in summary if not r["width"]]
+    for r in points:
         ax.errorbar(r["macs"] / 1e6, r["bleu"], yerr=r["bleu_sd"], fmt="o", ms=6, capsize=3)
+        # the label goes below its point where a near neighbour sits just above it, so labels do not meet
+        crowded = any(0 <= o["bleu"] - r["bleu"] <= 0.6 and abs(o["macs"] - r["macs"]) <= 1e7
+                      for o in points if o is not r)
         ax.annotate(r["system"], (r["macs"] / 1e6, r["bleu"]), textcoords="offset points", fontsize=8,
-                    xytext=(6, 4 if i % 2 == 0 else -11))  # alternate above/below: close points stay readable
+                    xytext=(6, -11 if crowded else 4))
     if scalable:
         ax.errorbar([r["macs"] / 1e6 for r in scalable], [r["bleu"] for r in scalable],
                     yerr=[r["bleu_sd"] for r in scalable], fmt="k--o", ms=4, capsize=3,
