@@ -74,7 +74,7 @@ TRAIN_FLAGS = ["--num-workers", "0", "--optimizer", "adam", "--adam-betas", "(0.
                "--disable-validation"]
 
 
-def check_training(stats: list, half: bool = True):
+def check_training(stats: list):
     """Every logged figure finite, the mean loss of the last 3 logs at least 1 below that of the first
     3, and an fp16 loss scale never under 1 (fairseq starts at 128 and stops at --min-loss-scale 1e-4:
     a scale under 1 means the gradients overflowed fp16 over and over). Returns (losses, scales)."""

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from fairseq_widearch.experiments.compare import training_wall_seconds
+from fairseq_widearch.experiments.compare import training_updates, training_wall_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "examples" / "latent_depth" / "multi30k_o2m.sh"
@@ -43,7 +43,6 @@ SYSTEMS = {
 }
 PAIRS = ("de", "fr", "cs")
 SCORE_LINE = re.compile(r"^\| (\S+) en-(\w+) (\w+): BLEU = ([\d.]+) .*ratio = ([\d.]+)")
-TRAIN_LINE = re.compile(r"\| num_updates (\d+) \|.*\| wall \d+")  # the end-of-epoch summary
 
 
 def run_name(system: str, seed: int) -> str:
@@ -62,7 +61,7 @@ def parse(system: str, seed: int, stdout: str, work: Path, max_update: int, besi
     """One result row from the recipe's output and training log."""
     name = run_name(system, seed)
     log = (work / f"train-{name}.log").read_text()
-    updates, wall = int(TRAIN_LINE.findall(log)[-1]), round(training_wall_seconds(log))
+    updates, wall = training_updates(log), round(training_wall_seconds(log))
     decode = {}
     for line in stdout.splitlines():
         match = SCORE_LINE.match(line)

@@ -78,7 +78,7 @@ def training_updates(*logs: str) -> int:
 
 
 def training_wall_seconds(*logs: str) -> float:
-    """fairseq's wall clock at the end of training, summed over the logs (one per stage).
+    """fairseq's wall clock at the end of training in seconds, summed over the logs (one per stage).
 
     A training resumed from its checkpoint appends to the same log, and fairseq starts its wall
     clock again from 0: each run's last epoch summary is counted, a drop in the clock ending a run."""
