@@ -26,6 +26,16 @@ def pytest_configure(config):
                                        "pytest -m 'not slow and not cuda'")
     # pytest-xdist's, registered here too so that a run without xdist does not warn about it
     config.addinivalue_line("markers", "xdist_group(name): tests one xdist worker runs (--dist loadgroup)")
+    config.addinivalue_line("markers", "tier_order(key): where the CUDA tier's test is collected (tests/cuda)")
+
+
+def pytest_collection_modifyitems(items):
+    """The CUDA tier's tests in the order of their ``tier_order`` keys, in the places they hold among
+    the collected tests (tests/cuda/test_cuda.py, ARCH_ORDER: the order its workers take them)."""
+    slots = [i for i, item in enumerate(items) if item.get_closest_marker("tier_order")]
+    ranked = sorted((items[i] for i in slots), key=lambda item: item.get_closest_marker("tier_order").args[0])
+    for i, item in zip(slots, ranked):
+        items[i] = item
 
 
 def run(cmd, cwd=None, env=None, timeout=600, input=None):

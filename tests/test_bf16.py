@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 
 from conftest import REPO, TINY_ARCHS, TINY_CASES, TRAIN_FLAGS, criterion_for, fairseq_cli, run
 from test_fused_attention import OWN_SELF_ATTENTION
-from tier_checks import (LOGPROB_TOLERANCE, TRAIN_FLAGS as TIER_FLAGS, causal_kernel_against_masks, check_training,
-                         fp32_islands, incremental_against_full)
+from tier_checks import (LOG_INTERVAL, LOGPROB_TOLERANCE, TRAIN_FLAGS as TIER_FLAGS, UPDATES as TIER_UPDATES,
+                         causal_kernel_against_masks, check_training, fp32_islands, incremental_against_full)
 from fairseq_widearch.experiments.runner import train_inner
 from fairseq_widearch.experiments.scoring import corpus_bleu, generate, read_hypotheses
 from fairseq_widearch.model_builder import build_model
@@ -141,14 +141,15 @@ def test_router_gumbel_sigmoid_and_kl_stay_fp32_in_a_bf16_model():
 
 
 @pytest.mark.slow
-def test_the_tiers_schedule_trains_in_bf16_with_finite_statistics(multi30k_bin, tmp_path):
+def test_the_tiers_short_schedule_trains_in_bf16_with_finite_statistics(multi30k_bin, tmp_path):
     """The CUDA tier's training check (tests/tier_checks.py: every logged figure finite, the loss 1 bit
-    lower over the schedule) on the CPU in bf16: the tier's flags (lr 0.005, 100 warm-up updates,
-    4,096 tokens) for 100 of its 600 updates on the 1,000-sentence slice, one preset."""
-    arch = "multipath_transformer_tiny"
+    lower over the schedule) on the CPU in bf16, over the tier's short schedule (the 200 updates of
+    its memory-efficient fp16 and AMP trainings, which only this check reads): the tier's flags (lr
+    0.005, 100 warm-up updates, 4,096 tokens) on the 1,000-sentence slice, one preset."""
+    arch, updates = "multipath_transformer_tiny", min(TIER_UPDATES.values())
     log = run([fairseq_cli("train"), multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--arch", arch,
-               "--save-dir", tmp_path, "--cpu", "--bf16", *TIER_FLAGS, "--max-update", 100, "--log-interval", 10,
-               *criterion_for(arch)])
+               "--save-dir", tmp_path, "--cpu", "--bf16", *TIER_FLAGS, "--max-update", updates,
+               "--log-interval", LOG_INTERVAL, *criterion_for(arch)])
     stats = train_inner(log.stdout + log.stderr)
-    assert len(stats) == 100 // 10
+    assert len(stats) == updates // LOG_INTERVAL
     check_training(stats)

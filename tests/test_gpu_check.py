@@ -22,6 +22,8 @@ def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
     assert report["dry_run"] and report["steps"]["tier"]["collect"]["rc"] == 0
     # every test of the CUDA tier named, each skipped here for want of CUDA
     assert len(report["tier_tests"]) >= 40 and all(o.startswith("skipped") for o in report["tier_tests"].values())
+    # in the order the GPU's workers take them: the slowest, never reached before, first
+    assert next(iter(report["tier_tests"])).endswith("decoding_scores_as_fp32_decoding[scalable_transformer_tiny-fp16]")
     two = report["steps"]["two_ranks"]["two_ranks"]["json"]["results"]["multipath_transformer_tiny"]
     assert two["ok"] and two["ranks_identical"]
     for label, res in report["steps"]["speed"].items():

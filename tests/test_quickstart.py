@@ -53,6 +53,23 @@ def test_score_restores_corpus_order_and_checks_the_count(tmp_path):
         score.main([gen, refs])
 
 
+def test_a_part_of_the_set_is_scored_against_the_references_of_its_ids(tmp_path):
+    """What ``fairseq-generate --distributed-world-size 2 --distributed-rank 0`` writes: some ids
+    only (the CUDA tier decodes half of test_2016 so; tests/tier_checks.py, DECODE_HALF)."""
+    from fairseq_widearch.experiments.scoring import corpus_bleu
+
+    refs = ["ein Hund rennt durch den Park .", "zwei Hunde spielen im Schnee .", "eine Frau liest ein Buch .",
+            "ein Mann fährt Fahrrad ."]
+    (tmp_path / "ref.de").write_text("".join(f"{r}\n" for r in refs))
+    gen = tmp_path / "gen.txt"
+    gen.write_text(f"D-3\t-0.1\t{refs[3]}\nD-1\t-0.1\t{refs[1]}\n")
+    assert corpus_bleu(gen, tmp_path / "ref.de", part=True)[0].score == pytest.approx(100.0)
+    gen.write_text(f"D-3\t-0.1\t{refs[1]}\nD-1\t-0.1\t{refs[3]}\n")  # each against the other's reference
+    assert corpus_bleu(gen, tmp_path / "ref.de", part=True)[0].score < 10
+    with pytest.raises(SystemExit, match="holds 2 hypotheses but .* has 4 references"):
+        corpus_bleu(gen, tmp_path / "ref.de")
+
+
 QUICKSTART = REPO / "examples" / "multi30k" / "quickstart.sh"
 
 

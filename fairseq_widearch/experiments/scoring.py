@@ -22,14 +22,20 @@ USER_DIR = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def read_hypotheses(path):
-    """The detokenized hypotheses (``D-`` lines) of ``fairseq-generate`` output, in corpus order."""
+def read_hypotheses_by_id(path) -> dict:
+    """Sentence id -> detokenized hypothesis (``D-`` lines) of ``fairseq-generate`` output."""
     hyps = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.startswith("D-"):
                 ident, _score, text = line.rstrip("\n").split("\t", 2)
                 hyps[int(ident[2:])] = text
+    return hyps
+
+
+def read_hypotheses(path):
+    """The detokenized hypotheses (``D-`` lines) of ``fairseq-generate`` output, in corpus order."""
+    hyps = read_hypotheses_by_id(path)
     return [hyps[i] for i in sorted(hyps)]
 
 
@@ -51,16 +57,22 @@ def generate(data, checkpoint, out, bpe_codes, beam, lenpen, *extra, subset="tes
         return subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.PIPE, text=True, check=True).stderr
 
 
-def corpus_bleu(gen_out, ref_path):
+def corpus_bleu(gen_out, ref_path, part=False):
     """-> (sacreBLEU score object, signature) of ``fairseq-generate`` output against raw references.
+    ``part=True`` scores the sentences decoded (one shard of a set: ``fairseq-generate
+    --distributed-world-size N --distributed-rank R`` decodes every N-th batch), each against the
+    reference of its id.
 
     Raises:
-        SystemExit: if the hypothesis and reference counts differ, naming both files.
+        SystemExit: if, without ``part``, the hypothesis and reference counts differ, naming both files.
     """
-    hyps = read_hypotheses(gen_out)
+    by_id = read_hypotheses_by_id(gen_out)
     refs = [line.rstrip("\n") for line in open(ref_path, encoding="utf-8")]
-    if len(hyps) != len(refs):
-        sys.exit(f"error: {gen_out} holds {len(hyps)} hypotheses but {ref_path} has {len(refs)} references")
+    if part:
+        refs = [refs[i] for i in sorted(by_id)]
+    elif len(by_id) != len(refs):
+        sys.exit(f"error: {gen_out} holds {len(by_id)} hypotheses but {ref_path} has {len(refs)} references")
+    hyps = [by_id[i] for i in sorted(by_id)]
     bleu = BLEU()
     return bleu.corpus_score(hyps, [refs]), bleu.get_signature()
 

@@ -5,8 +5,11 @@ self-distillation criterion, trained on the quick start's Multi30k data with fai
 decoding against fp32 decoding of the same checkpoint; incremental = full decoding in fp16; the
 causal kernel against the additive masks in fp16; the fp32 islands of a half-precision model. docs/gpu.md records a run and its figures.
 
-Run alone on the GPU (``python -m pytest tests/cuda -m cuda -v -rfE --tb=short -n 5 --dist loadgroup``
-takes minutes; ``-v`` names each test as it ends, so a run cut short still says which failed). The data:
+Run alone on the GPU (``OMP_NUM_THREADS=1 python -m pytest tests/cuda -m cuda -v -rfE --tb=short -n 16 --dist
+loadgroup --no-loadscope-reorder`` takes minutes; ``-v`` names each test as it ends, so a run cut short
+still says which failed; tests/cuda/conftest.py orders the tests for 16 workers). Each test does the
+work its assertion needs and no more: only the fp16 and bf16 checkpoints are decoded, so only they
+train 600 updates (``tier_checks.UPDATES``), and decoding compares half of test_2016. The data:
 ``MULTI30K_DATA`` (default ``runs/multi30k/data``, what ``examples/multi30k/setup.sh``
 prepares: ``bin/``, ``bpe/codes``, ``test.ref.de``). ``WIDEARCH_CUDA_REPORT=FILE`` appends one JSON
 line per measured case to FILE (the figures of docs/gpu.md).
@@ -21,30 +24,53 @@ import torch
 
 from conftest import REPO, TINY_ARCHS, TINY_CASES as CASES, criterion_for, fairseq_cli, run
 from test_fused_attention import OWN_SELF_ATTENTION
-from tier_checks import (LOGPROB_TOLERANCE, TRAIN_FLAGS as TIER_FLAGS, causal_kernel_against_masks, check_training,
-                         fp32_islands, incremental_against_full)
+from tier_checks import (DECODE_HALF, LOG_INTERVAL, LOGPROB_TOLERANCE, TRAIN_FLAGS, UPDATES,
+                         causal_kernel_against_masks, check_training, fp32_islands, incremental_against_full)
 from fairseq_widearch.experiments.runner import train_inner
-from fairseq_widearch.experiments.scoring import corpus_bleu, generate
+from fairseq_widearch.experiments.scoring import corpus_bleu, generate, read_hypotheses_by_id
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-#: Enough for a tiny model to translate: multipath_transformer_tiny at these settings, fp32 on the
-#: CPU, scored 14.4 BLEU on test_2016 (beam 5) after 600 updates; at 300 updates and lr 0.002 its
-#: loss was still 8 bits, too early for decoding to tell fp16 from fp32.
-UPDATES = 600
-LOG_INTERVAL = 25
 PRECISIONS = {"fp16": ["--fp16"], "memory_efficient_fp16": ["--memory-efficient-fp16"], "amp": ["--amp"],
               "bf16": ["--bf16"]}
 
 
-def grouped(halves):
+#: The order in which the tier's 16 workers take its 30 units (``--dist loadgroup
+#: --no-loadscope-reorder`` hands out the units in collection order, the 17th to the first worker
+#: after its first unit, and so on; tests/conftest.py sorts by ``tier_order``): the slowest archs
+#: first, so that what a loan cuts short is what ran before. Units 1-10: the fp16/bf16 trainings
+#: with their decoding (each 600 updates and four decodes); 11-16: the short trainings of the archs
+#: never reached before; 17-26: the model-level checks (seconds each), after a decoding unit;
+#: 27-30: the other short trainings, after a short one.
+ARCH_ORDER = ("scalable_transformer_tiny", "widenet_tiny", "latent_depth_transformer_tiny", "partialformer_tiny",
+              "multipath_transformer_tiny")
+DECODED = ("fp16", "bf16")
+
+
+def training_order(arch, precision) -> tuple:
+    a = ARCH_ORDER.index(arch)
+    if precision in DECODED:
+        return 0, a, DECODED.index(precision), 1  # in its decoding unit, after the decoding test
+    return (1 if a < 3 else 3), a, precision
+
+
+def decoding_order(arch, half) -> tuple:
+    return 0, ARCH_ORDER.index(arch), DECODED.index(half), 0
+
+
+def grouped(halves, order):
     """(arch, precision) cases, each in a pytest-xdist group of its own (``-n N --dist loadgroup``),
     so that the decoding test of a precision runs where its training did and reuses it."""
-    return [pytest.param(arch, half, marks=pytest.mark.xdist_group(f"{arch}-{half}"))
+    return [pytest.param(arch, half, marks=[pytest.mark.xdist_group(f"{arch}-{half}"),
+                                            pytest.mark.tier_order(order(arch, half))])
             for arch in TINY_ARCHS for half in halves]
 
 
-TRAIN_FLAGS = [*TIER_FLAGS, "--max-update", str(UPDATES), "--log-interval", str(LOG_INTERVAL)]
+def light(test: int, archs):
+    """Parameters of the ``test``-th model-level check, ordered among units 17-26 as ``archs`` is."""
+    return [pytest.param(arch, marks=pytest.mark.tier_order((2, test, i))) for i, arch in enumerate(archs)]
+
+
 #: Half-precision decoding may differ from fp32 decoding of the same checkpoint by this much
 #: sacreBLEU (bf16 keeps 8 bits of mantissa to fp16's 11, so its scores move more).
 BLEU_TOLERANCE = {"fp16": 0.3, "bf16": 1.0}
@@ -76,47 +102,48 @@ def trained(tmp_path_factory, quickstart_data):
             extra = CASES[arch]
             criterion = [] if "--criterion" in extra else criterion_for(arch)
             log = run([fairseq_cli("train"), quickstart_data / "bin", "--user-dir", REPO / "fairseq_widearch",
-                       "--arch", arch, "--save-dir", save, *TRAIN_FLAGS, *criterion, *extra,
-                       *PRECISIONS[precision]], timeout=900)
+                       "--arch", arch, "--save-dir", save, *TRAIN_FLAGS, "--max-update", UPDATES[precision],
+                       "--log-interval", LOG_INTERVAL, *criterion, *extra, *PRECISIONS[precision]], timeout=900)
             done[arch, precision] = save / "checkpoint_last.pt", train_inner(log.stdout + log.stderr)
         return done[arch, precision]
 
     return train
 
 
-@pytest.mark.parametrize("arch,precision", grouped(PRECISIONS))
+@pytest.mark.parametrize("arch,precision", grouped(PRECISIONS, training_order))
 def test_mixed_precision_training_is_finite_learns_and_keeps_its_loss_scale(arch, precision, trained):
     _, stats = trained(arch, precision)
-    assert len(stats) == UPDATES // LOG_INTERVAL
+    assert len(stats) == UPDATES[precision] // LOG_INTERVAL
     losses, scales = check_training(stats)
     report(test="training", arch=arch, precision=precision, first_loss=losses[0], last_loss=losses[-1],
            min_loss_scale=min(scales, default=None), last_loss_scale=scales[-1] if scales else None)
     assert scales or precision == "bf16"
 
 
-@pytest.mark.parametrize("arch,half", grouped(BLEU_TOLERANCE))
+@pytest.mark.parametrize("arch,half", grouped(DECODED, decoding_order))
 def test_half_precision_decoding_scores_as_fp32_decoding(arch, half, trained, quickstart_data, tmp_path):
     checkpoint, _ = trained(arch, half)
     task = CASES[arch][:2]
     bleu = {}
     for name, flags in (("fp32", []), (half, [f"--{half}"])):
         out = tmp_path / f"{name}.txt"
-        generate(quickstart_data / "bin", checkpoint, out, quickstart_data / "bpe" / "codes", 5, "1.0", *task, *flags,
-                 cpu=False)
-        bleu[name] = corpus_bleu(out, quickstart_data / "test.ref.de")[0].score
+        generate(quickstart_data / "bin", checkpoint, out, quickstart_data / "bpe" / "codes", 5, "1.0", *task,
+                 *DECODE_HALF, *flags, cpu=False)
+        bleu[name] = corpus_bleu(out, quickstart_data / "test.ref.de", part=True)[0].score
+        assert len(read_hypotheses_by_id(out)) >= 500  # the same half of test_2016 in both precisions
     report(test="decoding", arch=arch, half=half, bleu_fp32=bleu["fp32"], bleu_half=bleu[half])
     assert bleu["fp32"] > 5.0, bleu  # a model that translates: equal near-zero scores would prove nothing
     assert abs(bleu[half] - bleu["fp32"]) <= BLEU_TOLERANCE[half], bleu
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", light(0, ARCH_ORDER))
 def test_incremental_decoding_equals_full_decoding_in_fp16(arch):
     difference = incremental_against_full(arch, "cuda", torch.float16)
     report(test="incremental", arch=arch, max_abs_logprob_difference=difference)
     assert difference <= LOGPROB_TOLERANCE[torch.float16]
 
 
-@pytest.mark.parametrize("arch", sorted(OWN_SELF_ATTENTION))
+@pytest.mark.parametrize("arch", light(1, sorted(OWN_SELF_ATTENTION, key=ARCH_ORDER.index, reverse=True)))  # multi-path never reached
 def test_the_causal_kernel_gives_the_masked_log_probabilities_in_fp16(arch):
     """Decoder self-attention on SDPA's own causal mask (the flash kernel) against fairseq's
     additive masks, fp16, right-padded targets: the real positions' log-probabilities."""
@@ -125,10 +152,12 @@ def test_the_causal_kernel_gives_the_masked_log_probabilities_in_fp16(arch):
     assert difference <= LOGPROB_TOLERANCE[torch.float16]
 
 
+@pytest.mark.tier_order((2, 2))
 def test_router_gumbel_sigmoid_and_kl_stay_fp32_in_a_half_model():
     fp32_islands("cuda", torch.float16)
 
 
+@pytest.mark.tier_order((2, 3))
 def test_the_models_wait_for_the_gpu_only_to_ask_where_the_padding_is():
     """Host synchronisations per training pass (benchmarks/host_syncs.py) in the models' code,
     ours and fairseq's: only "is there padding / where?" (fairseq's own checks, which ours mirror,
