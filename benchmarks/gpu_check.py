@@ -7,9 +7,10 @@ each step under its own time limit so that a stuck step cannot eat the others,
   b. ``two_ranks``: fairseq's distributed trainer, 2 gloo ranks on the one GPU in fp16, every
      ``_tiny`` preset, against one rank with ``--update-freq 2`` (benchmarks/two_ranks.py);
   c. ``profile``: benchmarks/profile_steps.py on the MoE layer;
-  d. ``speed``: the speed figures of docs/gpu.md: every MoE dispatch against its dense share, the
-     training utilisation of every system in bf16 and of the undecided ones with every candidate in
-     fp16, at the papers' batch (128 x 30 tokens) and at 16,384 tokens, then PartialFormer's decoding.
+  d. ``speed``: the speed figures of docs/gpu.md, what the last loan did not reach first: the
+     training utilisation of the undecided systems with every candidate at 16,384 tokens in fp16,
+     PartialFormer's decoding and fused attention, every MoE dispatch against its dense share, then
+     the utilisation in bf16 and at the papers' batch (128 x 30 tokens).
 
 A loan's default plan is two calls: ``--call 1`` (a, b: about 400 s) and ``--call 2`` (c, d: about
 330 s). Writes OUT/report.json (everything, after every step), OUT/report.md (tables docs/gpu.md
@@ -36,15 +37,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 PY = sys.executable
-sys.path.insert(0, str(BENCH))
-from training_utilisation import SYSTEMS as UTILISATION  # noqa: E402
 
 #: Every candidate of a missed target beside today's default (docs/gpu.md, "Candidates").
 CANDIDATES = ("widenet_wmt_en_de:--moe-dispatch=index", "widenet_wmt_en_de:--moe-dispatch=permute",
               "partialformer_24_6_d360_h30_16:--partial-attention-kernel=explicit",
               "partialformer_24_6_d360_h30_16:--partial-attention-kernel=sdpa")
-#: The systems below their utilisation target, whose default (dispatch, kernel) is still to decide,
-#: and latent depth, never measured against its same-shape twin on CUDA.
+#: The systems whose default (dispatch, kernel) is still to decide, and latent depth: measured with
+#: every candidate (multi-path and scalable met their targets in fp16 and bf16, 2026-11-26/27).
 UNDECIDED = ("widenet_wmt_en_de", "partialformer_24_6_d360_h30_16", "latent_depth_transformer_lld_12_24")
 
 
@@ -61,25 +60,27 @@ def speed_commands(dry: bool) -> list:
                 ("partialformer decoding bf16", 200,
                  [BENCH / "partialformer_speed.py", *dev, "--vocab", "500", "--batch-size", "1", "--batches", "1",
                   "--rounds", "1", "--src-len", "4", "--tgt-len", "4"])]
-    commands = []
-    for tokens in (8192, 16384):
-        for dtype in ("fp16", "bf16"):
-            commands.append((f"moe {dtype} {tokens} tokens", 30,
-                             [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", dtype, "--tokens", tokens,
-                              "--dim", "768", "--ffn", "3072"]))
-    # bf16 never measured (every system); fp16 again for the systems whose default may change
-    every, undecided = ";".join([*UTILISATION, *CANDIDATES]), ";".join([*UNDECIDED, *CANDIDATES])
-    for batch, dtype, systems in ((128, "bf16", every), (544, "bf16", every), (128, "fp16", undecided),
-                                  (544, "fp16", undecided)):  # 544 x 30 = 16,320 tokens
-        commands.append((f"training_utilisation {dtype} batch {batch}", 90,
-                         [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", dtype, "--batch-size",
-                          batch, "--steps", "3", "--rounds", "2", "--systems", systems]))
+    # what the last loan (2026-11-27) did not reach first: fp16 at 16,320 tokens, the sdpa candidate,
+    # PartialFormer's decoding and fused attention; then the figures to follow a change
+    undecided = ";".join([*CANDIDATES, *UNDECIDED])
+    commands = [("training_utilisation fp16 batch 544", 110,  # 544 x 30 = 16,320 tokens
+                 [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", 544,
+                  "--steps", "3", "--rounds", "2", "--systems", undecided])]
     for dtype in ("fp16", "bf16"):
         commands.append((f"partialformer decoding {dtype}", 30,
                          [BENCH / "partialformer_speed.py", "--device", "cuda", "--dtype", dtype, "--batch-size", "128"]))
     commands.append(("fused attention fp16", 40,  # PartialFormer's logits as SDPA's bias, and the causal kernel
                      [BENCH / "fused_attention.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", "128",
                       "--systems", "partialformer_24_6_d360_h30_16,multipath_transformer_6l_4p"]))
+    for tokens in (8192, 16384):
+        for dtype in ("fp16", "bf16"):
+            commands.append((f"moe {dtype} {tokens} tokens", 30,
+                             [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", dtype, "--tokens", tokens,
+                              "--dim", "768", "--ffn", "3072"]))
+    for batch, dtype in ((128, "bf16"), (544, "bf16"), (128, "fp16")):
+        commands.append((f"training_utilisation {dtype} batch {batch}", 110,
+                         [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", dtype, "--batch-size",
+                          batch, "--steps", "3", "--rounds", "2", "--systems", undecided]))
     return commands
 
 
@@ -95,7 +96,8 @@ def steps(args) -> list:
     """(name, seconds allowed, [(label, seconds, argv, env)])."""
     dry, data = args.dry_run, Path(args.data).resolve()  # the steps run in benchmarks/
     # one thread per test process: 16 workers, each training in a subprocess, share 16 cores
-    env = {"MULTI30K_DATA": str(data), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {"MULTI30K_DATA": str(data), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "WIDEARCH_CUDA_REPORT": str(Path(args.out) / "tier_figures.jsonl")}  # each test's measured figures
     tier = [PY, "-m", "pytest", REPO / "tests" / "cuda", "-m", "cuda", "-v", "-rA", "--tb=short", "--durations=0",
             "-p", "no:cacheprovider", "--junitxml", Path(args.out) / "tier.xml",
             *([] if dry else ["-n", "16", "--dist", "loadgroup", *keep_order()])]
@@ -138,6 +140,8 @@ def run_step(name, allowed, commands, log_path) -> dict:
             log.write(out)
             results[label] = {"rc": rc, "seconds": round(time.monotonic() - t0, 1), "timed_out": timed_out,
                               "json": last_json(proc.stdout if not timed_out else "")}
+            if timed_out:  # what a benchmark printed before its limit (a line per system measured)
+                results[label]["partial"] = [line.strip() for line in out.splitlines() if " ratio " in line]
             if name == "tier":
                 results[label]["summary"] = next((line.strip("= ") for line in reversed(out.splitlines())
                                                   if re.search(r"\b(passed|failed|skipped|error)", line)), None)
@@ -174,6 +178,16 @@ def tier_outcomes(xml_path: Path, log: str) -> dict:
     return outcomes
 
 
+def tier_figures(path: Path) -> list:
+    """The figures the tier's tests measured (BLEU of each decoding, log-probability differences,
+    losses and loss scales), one dict per test (tests/cuda/test_cuda.py, ``report``); the file removed."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path.unlink()
+    return rows
+
+
 def machine() -> dict:
     cuda = torch.cuda.is_available()
     return {"gpu": torch.cuda.get_device_name() if cuda else "none (CPU stand-ins)", "torch": torch.__version__,
@@ -192,18 +206,26 @@ def markdown(report: dict) -> str:
     tier = report["steps"]["tier"].get("tier", {})
     lines += ["", f"**CUDA tier**: {tier.get('summary')}", "", "| test | outcome |", "|---|---|"]
     lines += [f"| `{name}` | {outcome} |" for name, outcome in report.get("tier_tests", {}).items()]
+    decoding = [row for row in report.get("tier_figures", []) if row.get("test") == "decoding"]
+    if decoding:
+        lines += ["", "| decoding (half of test_2016) | fp32 BLEU | half BLEU |", "|---|---|---|"]
+        lines += [f"| {row['arch']} {row['half']} | {row['bleu_fp32']:.2f} | {row['bleu_half']:.2f} |" for row in decoding]
     two = report["steps"]["two_ranks"].get("two_ranks", {}).get("json")
     if two:
         lines += ["", f"**Two ranks, {two['precision']}, {two['ddp_backend']}, {two['updates']} updates** "
                       f"(tolerance {two['tolerance']} relative on each update's loss)", "",
                   "| preset | ranks identical | largest relative loss difference to one rank x update-freq 2 "
-                  "| largest parameter difference | ok |", "|---|---|---|---|---|"]
+                  "| largest parameter difference | skipped updates (two ranks / one rank) | ok |",
+                  "|---|---|---|---|---|---|"]
         for arch, res in two["results"].items():
+            skipped = res.get("overflows") or {}
             lines.append(f"| {arch} | {res.get('ranks_identical')} | {res.get('max_relative_loss_difference')} | "
-                         f"{res.get('max_abs_parameter_difference')} | {res['ok']} |")
+                         f"{res.get('max_abs_parameter_difference')} | {skipped.get('two_ranks')} / "
+                         f"{skipped.get('one_rank')} | {res['ok']} |")
     lines += ["", "**Speed**", "", "| figure | result |", "|---|---|"]
     for label, res in report["steps"]["speed"].items():
-        lines.append(f"| {label} | {speed_summary(res['json']) if res.get('json') else 'no result'} |")
+        partial = "cut at its limit after: " + "; ".join(res.get("partial") or []) if res.get("partial") else "no result"
+        lines.append(f"| {label} | {speed_summary(res['json']) if res.get('json') else partial} |")
     prof = report["steps"]["profile"].get("profile", {}).get("json") or {}
     lines += ["", "**Profile** (device ms and kernels per step; top three operators)", "", "| case | model | ms | kernels "
               "| top operators |", "|---|---|---|---|---|"]
@@ -261,6 +283,7 @@ def main(argv=None):
                                       report["steps"][name].items()), flush=True)
         if name == "tier":
             report["tier_tests"] = tier_outcomes(out / "tier.xml", (out / "tier.log").read_text())
+            report["tier_figures"] = tier_figures(out / "tier_figures.jsonl")
         # written after every step: a call cut short by the device's limit still brings back what ran
         (out / "report.json").write_text(json.dumps(report, indent=1))
     (out / "report.md").write_text(markdown(report))

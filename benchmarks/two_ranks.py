@@ -8,7 +8,13 @@ fairseq's distributed trainer with 2 gloo ranks on one device (``--device cuda``
 all-reduced in half precision) with ``--ddp-backend``, then the same with one rank and
 ``--update-freq 2``. fairseq gives rank r the batches r, r + 2, ... of the same epoch order, so each
 update sees the same two batches either way. Dropout is off; the latent layers' samples and the
-router noise stay (each rank draws its own, so the curves may differ by that much).
+router noise stay (each rank draws its own, so the curves may differ by that much). In fp16 the one
+rank starts at half the loss scale: DDP averages the ranks' scaled half-precision gradients, which
+fairseq multiplies back by the world size only in fp32, so two ranks at scale S hold the same fp16
+gradients as one rank accumulating two batches at S / 2, and overflow (a skipped update) where it
+does; at equal scales the one rank's gradients are twice as large and overflow sooner (the scalable
+preset on the H200, 2026-11-27: a skipped second update, 8 % apart by update 14). Each run's skipped
+updates are counted (``overflows``).
 
 Checked per preset: the ranks end with identical parameters (``ranks_identical``); the loss of every
 update agrees with the one rank's within ``--tolerance`` (relative; ``max_relative_loss_difference``);
@@ -55,6 +61,15 @@ def train_flags(args, arch: str, save: Path) -> list:
     return [str(f) for f in flags + criterion_flags(flags)]
 
 
+#: The one rank's initial loss scale per precision: half of fairseq's default 128 (module docstring).
+HALF_SCALE = {"fp16": ["--fp16-init-scale", "64"], "memory_efficient_fp16": ["--fp16-init-scale", "64"]}
+
+
+def overflows(log: str) -> int:
+    """Updates fairseq skipped for a half-precision gradient overflow."""
+    return log.count("gradient overflow detected")
+
+
 def losses(log: str) -> list:
     """Loss of every update, from fairseq's json train_inner records."""
     return [record["loss"] for record in train_inner(log)]
@@ -80,7 +95,8 @@ def compare(args, arch: str, work: Path) -> dict:
     for r in range(2):
         (work / f"rank{r}").mkdir(parents=True)  # fairseq makes the save dir on the master only
     with ThreadPoolExecutor(3) as pool:
-        logs = list(pool.map(launch, [*ranks, train_flags(args, arch, work / "one") + ["--update-freq", "2"]]))
+        logs = list(pool.map(launch, [*ranks, train_flags(args, arch, work / "one") + [
+            "--update-freq", "2", *HALF_SCALE.get(args.precision, [])]]))
     two, one = losses(logs[0]), losses(logs[2])
     states = [params(work / name) for name in ("rank0", "rank1", "one")]
     identical = all(torch.equal(states[0][k], states[1][k]) for k in states[0])
@@ -90,6 +106,7 @@ def compare(args, arch: str, work: Path) -> dict:
     return {"updates": len(two), "loss_two_ranks": two, "loss_one_rank_update_freq_2": one,
             "ranks_identical": identical, "max_relative_loss_difference": round(relative, 6),
             "max_abs_parameter_difference": param_difference,
+            "overflows": {"two_ranks": overflows(logs[0]), "one_rank": overflows(logs[2])},
             "ok": identical and len(two) == len(one) == args.updates and relative <= args.tolerance}
 
 

@@ -275,7 +275,7 @@ class MoELayer(nn.Module):
             routing = self.router(tokens)
         y = self.copied(tokens, routing)
         if rows is not None:
-            y = flat.new_zeros(flat.shape).index_copy(0, rows, y)
+            y = y.new_zeros(flat.shape).index_copy(0, rows, y)  # the experts' dtype (half under autocast)
         return y, routing
 
     def copied(self, tokens: Tensor, routing: Routing) -> Tensor:
@@ -287,7 +287,8 @@ class MoELayer(nn.Module):
         buffer = tokens.new_zeros(E * cap + 1, d).index_copy(0, where, tokens.index_select(0, routing.token))
         out = self.experts(buffer[:-1].view(E, cap, d)).view(E * cap, d)
         weighted = out.index_select(0, where.clamp_max(E * cap - 1)) * routing.kept_gate(out.dtype)[:, None]
-        return tokens.new_zeros(tokens.shape).index_add(0, routing.token, weighted)
+        # in the experts' output dtype: under autocast (--amp) the tokens are fp32, the outputs half
+        return weighted.new_zeros(tokens.shape).index_add(0, routing.token, weighted)
 
     def permuted(self, tokens: Tensor, routing: Routing) -> Tensor:
         """Gathers both ways (:class:`GatherRows`): ``(N, d)`` -> ``(N, d)``."""

@@ -226,3 +226,19 @@ def test_host_waits_and_atomic_adds_of_each_dispatch(dispatch, waits, atomic_add
     with OperatorCounter() as counter:
         dispatched(dispatch, x, pad, 3)
     assert (counter.host_waits, counter.atomic_adds) == (waits, atomic_adds), counter.counts
+
+
+@pytest.mark.parametrize("dispatch", ["index", "padded", "permute"])
+def test_every_dispatch_trains_under_autocast(dispatch):
+    """fairseq's ``--amp``: fp32 parameters and inputs, the experts' matmuls in half precision
+    (autocast), so their outputs are half while the tokens are fp32. On the CPU with bf16 autocast,
+    as ``--amp`` runs fp16 autocast on CUDA (the CUDA tier's WideNet AMP training found this):
+    training mode, padded; with router noise and dropout, then without them against fp32."""
+    x, pad = padded_input()
+    for kw in ({"noise": True, "dropout": 0.3}, {}):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y, loss, kept, grads = dispatched(dispatch, x, pad, 3, **kw)
+        assert y.dtype == torch.bfloat16 and kept > 0 and torch.isfinite(loss)
+        assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
+    reference = dispatched(dispatch, x, pad, 3)[0]
+    torch.testing.assert_close(y.float(), reference, atol=0.05, rtol=0.05)  # bf16 keeps 8 bits
