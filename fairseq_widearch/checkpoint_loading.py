@@ -60,10 +60,16 @@ class CheckpointReadError(RuntimeError):
     """A checkpoint file that cannot be read (truncated, corrupted, not a checkpoint)."""
 
 
+#: Functions of a loaded checkpoint's model config (a Namespace, DictConfig or dict) that rebuild
+#: a model as it was trained when a default changed after it was saved (models register theirs).
+CONFIG_UPGRADES = []
+
+
 def name_unreadable_checkpoints():
     """Make fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` (used by resume, generate,
     interactive and the hub interface) raise :class:`CheckpointReadError` naming the file when it
-    cannot be read, instead of torch's zip or pickle error. A class refused by weights-only
+    cannot be read, instead of torch's zip or pickle error, and apply :data:`CONFIG_UPGRADES` to
+    what it reads. A class refused by weights-only
     loading keeps torch's own error, which names the class. Idempotent."""
     from fairseq import checkpoint_utils
 
@@ -74,7 +80,7 @@ def name_unreadable_checkpoints():
     @functools.wraps(load)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         try:
-            return load(path, *args, **kwargs)
+            state = load(path, *args, **kwargs)
         except FileNotFoundError:
             raise
         except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
@@ -82,6 +88,11 @@ def name_unreadable_checkpoints():
                 raise
             reason = str(error).strip().splitlines()[0] if str(error).strip() else "unexpected end of file"
             raise CheckpointReadError(f"cannot read checkpoint {path} (truncated or corrupted?): {reason}") from None
+        model_cfg = (state.get("cfg") or {}).get("model") if isinstance(state, dict) else None
+        for upgrade in CONFIG_UPGRADES:
+            if model_cfg is not None:
+                upgrade(model_cfg)
+        return state
 
     load_checkpoint_to_cpu.names_unreadable_checkpoints = True
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu

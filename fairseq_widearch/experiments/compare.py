@@ -2,7 +2,7 @@
 
     python -m fairseq_widearch.experiments.compare --data BIN --bpe-codes CODES --ref REFERENCE
         [--max-update 1320] [--seeds 1,2] [--minutes M] [--work-dir runs/compare] [--systems a,b,...]
-        [--device cpu|cuda] [--jobs 1] [--results FILE] [--figure PNG]
+        [--device cpu|cuda] [--jobs 1] [--results FILE] [--figure PNG] [--train-flags "..."]
 
 Every system trains the same number of updates (``--max-update``; the scalable model
 ``SCALABLE_STAGE1_SHARE`` of them in stage 1, the rest in stage 2) with the same flags, at every
@@ -33,6 +33,7 @@ sample standard deviation over the seeds, with every seed's score) and BLEU agai
 """
 import json
 import re
+import shlex
 import statistics
 from functools import partial
 from pathlib import Path
@@ -182,7 +183,7 @@ def train(args, flags, save: Path, seed: int, updates: int, *extra) -> str:
     started again once finished); returns its log."""
     limit = ["--stop-time-hours", f"{args.minutes / 60:.6f}"] if args.minutes else []
     runner.fairseq_train(args.data, save, [*OPTIMISATION, "--seed", seed, *flags, *criterion_flags(flags), *extra,
-                                           "--no-epoch-checkpoints"],
+                                           *args.train_flags, "--no-epoch-checkpoints"],
                          stop=["--max-update", updates, "--max-epoch", 1000, *limit], cpu=args.device == "cpu",
                          log_interval=50)
     return (save / "train.log").read_text()
@@ -215,6 +216,7 @@ def run_system(args, name: str, seed: int) -> list:
     logs = train_system(args, name, seed)
     checkpoint = run_dir(args, name, seed) / "checkpoint_last.pt"
     training = {"seed": seed, "device": args.device, "max_update": args.max_update,
+                **({"train_flags": " ".join(args.train_flags)} if args.train_flags else {}),
                 "updates": training_updates(*logs), "train_wall_s": training_wall_seconds(*logs),
                 "cut_short": cut_short(*logs)}
     widths = SCALABLE_WIDTHS if name == "scalable_transformer" else (0,)
@@ -301,6 +303,9 @@ def main(argv=None):
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the runs train and decode")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (on a GPU many small runs share the device)")
+    p.add_argument("--train-flags", type=shlex.split, default=[],
+                   help="more fairseq-train flags for every system, last (a variant: keep its --results apart); "
+                        "recorded in each row")
     p.add_argument("--beam", default="5")
     p.add_argument("--lenpen", default="1.0")
     p.add_argument("--results", type=Path, help="the results file, one row per run (default WORK/results.jsonl)")

@@ -11,6 +11,7 @@ cross-attention and the MoE (docs/widenet.md). Balance losses of every routing c
 ``encoder_out`` / the decoder's ``extra`` (keys ``moe_balance_loss``, ``moe_dropped``,
 ``moe_load``) and are summed by ``moe_label_smoothed_cross_entropy`` (Eq. 8).
 """
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -26,10 +27,12 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules import LayerNorm, MultiheadAttention
 from fairseq.modules.fairseq_dropout import FairseqDropout
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import Tensor
 
+from ..checkpoint_loading import CONFIG_UPGRADES
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.moe import DISPATCH, Experts, MoELayer, Routing, TopKRouter
+from ..modules.moe import DISPATCH, EXPERT_FORMS, ROUTINGS, Experts, MoELayer, Routing, TopKRouter, released_init
 from ..modules.sharing import share_parameters
 from .base import LayerLoopDecoder, LayerLoopEncoder, LayerSlot, WideTransformerModel, added_defaults, alignment_weights
 from .presets import MULTI30K_BODY, register_preset, set_defaults
@@ -46,7 +49,8 @@ class WideNetConfig(TransformerConfig):
     moe_experts: int = field(default=4, metadata={"help": "E, experts of the shared MoE layer (Eq. 1)"})
     moe_top_k: int = field(default=2, metadata={"help": "K, experts per token (TopK of Eq. 2)"})
     moe_capacity_factor: float = field(
-        default=1.2, metadata={"help": "C in training: expert capacity B = ceil(C·K·tokens/E) (Sec. 3.1)"}
+        default=1.2, metadata={"help": "C in training: expert capacity B = floor(C·K·tokens/E) - 1 (released "
+                                       "routing) or ceil(C·K·tokens/E) (ours) (Sec. 3.1)"}
     )
     moe_eval_capacity_factor: float = field(
         default=0.0, metadata={"help": "C at inference; 0 = no limit, nothing dropped (not in the paper)"}
@@ -56,6 +60,19 @@ class WideNetConfig(TransformerConfig):
     )
     moe_renormalize_gates: bool = field(
         default=False, metadata={"help": "renormalise the K gate values to sum to 1 (Eq. 2 does not)"}
+    )
+    moe_routing: ChoiceEnum(ROUTINGS) = field(
+        default="released",
+        metadata={"help": "released: as the authors' code routes (m_i of Eq. 4 over the K·N assignments, capacity "
+                          "floor(C·K·N/E) with its first slot unused, tokens fill it batch-major with both choices "
+                          "at the token's place); ours: m_i over the N tokens (a K times larger l), ceil(C·K·N/E), "
+                          "every first choice before any second, fairseq's T x B order; docs/widenet.md, 'Routing'"},
+    )
+    widenet_experts: ChoiceEnum(EXPERT_FORMS) = field(
+        default="released",
+        metadata={"help": "released: e_i(x) of Eq. 1 as the authors' code builds it (the activation after both dense "
+                          "layers, Xavier-uniform kernels and router, N(0, 1e-6) biases; the presets' activation is "
+                          "GELU); ours: the activation after the first only, nn.Linear's init; docs/widenet.md"},
     )
     moe_dispatch: ChoiceEnum(DISPATCH) = field(
         default="padded",
@@ -88,32 +105,59 @@ class WideNetConfig(TransformerConfig):
 _WIDENET_DEFAULTS = added_defaults(WideNetConfig)
 
 
-class DenseFFN(nn.Module):
-    """Dense FFN with :class:`MoELayer`'s call signature (the 'w/o MoE layer' ablation)."""
+def upgrade_pre_released_config(model_cfg):
+    """A WideNet checkpoint saved before the released code's routing and experts became the defaults
+    (2026-11-27: its config has ``moe_experts`` but no ``moe_routing``) is rebuilt as it was trained,
+    with ``--moe-routing ours --widenet-experts ours``. ``model_cfg``: a Namespace, DictConfig or dict."""
+    get = model_cfg.get if hasattr(model_cfg, "get") else lambda key, default=None: getattr(model_cfg, key, default)
+    if not str(get("arch", "") or get("_name", "")).startswith("widenet") or get("moe_experts") is None:
+        return
+    if get("moe_routing") is None:
+        with open_dict(model_cfg) if OmegaConf.is_config(model_cfg) else nullcontext():
+            for key in ("moe_routing", "widenet_experts"):
+                if isinstance(model_cfg, (dict, DictConfig)):
+                    model_cfg[key] = "ours"
+                else:
+                    setattr(model_cfg, key, "ours")
 
-    def __init__(self, embed_dim: int, ffn_dim: int, activation_fn: str, activation_dropout: float):
+
+CONFIG_UPGRADES.append(upgrade_pre_released_config)
+
+
+class DenseFFN(nn.Module):
+    """Dense FFN with :class:`MoELayer`'s call signature (the 'w/o MoE layer' ablation), of the
+    experts' ``form`` (:class:`Experts`): the ablation then differs from WideNet in the routing alone."""
+
+    def __init__(self, embed_dim: int, ffn_dim: int, activation_fn: str, activation_dropout: float,
+                 form: str = "released"):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(embed_dim, ffn_dim), nn.Linear(ffn_dim, embed_dim)
+        self.output_activation = form == "released"
+        if self.output_activation:
+            for linear in (self.fc1, self.fc2):
+                nn.init.xavier_uniform_(linear.weight)
+                nn.init.normal_(linear.bias, std=released_init(True)["bias_std"])
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
 
     def forward(self, x, padding_mask=None, routing=None):
         """x ``(T, B, C)`` -> ``((T, B, C), None)``: no routing."""
-        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x)))), None
+        out = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
+        return (self.activation_fn(out) if self.output_activation else out), None
 
 
 def build_ffn(cfg, embed_dim: int, ffn_dim: int):
     activation_dropout = cfg.activation_dropout or cfg.relu_dropout or 0.0
     if cfg.widenet_dense_ffn:
-        return DenseFFN(embed_dim, ffn_dim, cfg.activation_fn, activation_dropout)
-    experts = Experts(cfg.moe_experts, embed_dim, ffn_dim, cfg.activation_fn, activation_dropout)
+        return DenseFFN(embed_dim, ffn_dim, cfg.activation_fn, activation_dropout, cfg.widenet_experts)
+    experts = Experts(cfg.moe_experts, embed_dim, ffn_dim, cfg.activation_fn, activation_dropout, cfg.widenet_experts)
     return MoELayer(build_router(cfg, embed_dim), experts, cfg.moe_dispatch)
 
 
 def build_router(cfg, embed_dim: int) -> TopKRouter:
     return TopKRouter(embed_dim, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity_factor,
                       cfg.moe_eval_capacity_factor, noise=not cfg.moe_no_router_noise,
-                      renormalize=cfg.moe_renormalize_gates)
+                      renormalize=cfg.moe_renormalize_gates, routing=cfg.moe_routing, init=cfg.widenet_experts)
 
 
 class BlockSharing:
@@ -366,8 +410,9 @@ class WideNetModel(WideTransformerModel):
 @register_model_architecture("widenet", "widenet")
 def widenet(args):
     """Base preset: transformer-base body (d = 512, FFN 2048, 8 heads, 6+6 blocks), pre-norm,
-    E = 4 experts, top-2, C = 1.2 (the paper's defaults)."""
-    set_defaults(args, **_WIDENET_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True)
+    E = 4 experts, top-2, C = 1.2 (the paper's defaults), GELU experts (the released code's)."""
+    set_defaults(args, **_WIDENET_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True,
+                 activation_fn="gelu")
     base_architecture(args)
 
 

@@ -12,10 +12,12 @@ class BatchedLinear(nn.Module):
 
     Shapes: input ``(n, N, in_features)``; output ``(n, N, out_features)``.
     Each linear is initialised like ``nn.Linear`` (Kaiming-uniform, a=√5) or, with ``xavier_gain``,
-    like fairseq's attention projections (Xavier-uniform, zero bias).
+    like fairseq's attention projections (Xavier-uniform, zero bias; with ``bias_std``, a bias
+    from N(0, bias_std²) instead, as Keras' Dense layers of WideNet's released code).
     """
 
-    def __init__(self, num_linears: int, in_features: int, out_features: int, xavier_gain: Optional[float] = None):
+    def __init__(self, num_linears: int, in_features: int, out_features: int, xavier_gain: Optional[float] = None,
+                 bias_std: float = 0.0):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_linears, in_features, out_features))
         self.bias = nn.Parameter(torch.empty(num_linears, out_features))
@@ -27,7 +29,10 @@ class BatchedLinear(nn.Module):
                 nn.init.uniform_(b, -1 / math.sqrt(in_features), 1 / math.sqrt(in_features))
             else:
                 nn.init.xavier_uniform_(w, gain=xavier_gain)
-                nn.init.zeros_(b)
+                if bias_std:
+                    nn.init.normal_(b, std=bias_std)
+                else:
+                    nn.init.zeros_(b)
 
     def forward(self, x):
         # bmm then an in-place bias add: baddbmm would first copy the broadcast bias into its

@@ -6,10 +6,14 @@ Sec. 3.1, Eqs. 1-5; capacity and balance loss after Switch Transformer / GShard)
     l      = E · Σ_i m_i · P_i                              (Eqs. 3-5)
 
 Decisions (docs/widenet.md): top-k gate values are not renormalised (Eq. 2 as written and the
-official code; ``renormalize=True`` opts in); when an expert overflows its capacity, every
-token's first choice is served before any second choice, and within one choice rank tokens are
-served in batch order (GShard/V-MoE); a dropped assignment contributes zero and the residual
-carries the token. Padding tokens are never routed and never counted.
+released code; ``renormalize=True`` opts in); a dropped assignment contributes zero and the
+residual carries the token; padding tokens are never routed and never counted. Routing
+(:data:`ROUTINGS`) by default as the authors' released code does it (XueFuzhao/WideNet_Code,
+``widenet/model_configs.py``, ``Router`` and ``Switch``): m_i the share of the K·N assignments,
+capacity ⌊C·K·N/E⌋ of which the first slot is never used, one running count over the tokens in
+batch-major order, both choices of a token competing at its place; ``ours``: GShard's order (every
+first choice before any second), ⌈C·K·N/E⌉ slots, m_i the share of the N tokens (so l is K times
+the released code's), tokens in fairseq's T x B order.
 """
 import math
 from dataclasses import dataclass, fields
@@ -61,9 +65,15 @@ class Routing:
         return tuple(getattr(self, field.name) for field in fields(self))
 
 
+#: How :class:`TopKRouter` counts, fills and orders (module docstring; docs/widenet.md, "Routing").
+ROUTINGS = ("released", "ours")
+#: How the experts and the router are initialised and activated (docs/widenet.md, "Experts").
+EXPERT_FORMS = ("released", "ours")
+
+
 class TopKRouter(nn.Module):
     """Router f = Linear(d, E) without bias, g(x) = TopK(softmax(f(x) + ε)) (Eq. 2), computed in
-    fp32 whatever the input dtype, with capacity B = ceil(C · k · N / E) per routing call.
+    fp32 whatever the input dtype, with a capacity of B slots per expert per routing call.
 
     Args:
         embed_dim (int): d.
@@ -74,13 +84,23 @@ class TopKRouter(nn.Module):
             sentence's translation never depends on the rest of its batch.
         noise (bool): add ε ~ N(0, 1/E²) to the logits in training.
         renormalize (bool): divide the k kept gates by their sum (not in the paper).
+        routing (str): one of :data:`ROUTINGS`. ``released``: B = ⌊C·k·N/E⌋ − 1 usable slots (the
+            released code's positions start at 1 and are kept while below ⌊C·k·N/E⌋; at least 1
+            here), assignments fill them in token order with both of a token's choices at its place,
+            m_i = assignments of expert i / (k·N) (Eq. 4 as its ``load_balanced_loss`` gets it: the
+            K-hot mask divided by K); ``ours``: B = ⌈C·k·N/E⌉, every first choice before any second,
+            m_i = assignments of expert i / N. N counts the real tokens.
+        init (str): one of :data:`EXPERT_FORMS`: f's weight Xavier-uniform (``released``, Keras'
+            Dense default) or nn.Linear's (``ours``).
 
     Raises:
-        ValueError: if E < 1, k is not in [1, E], C <= 0 or the eval C < 0 (naming the flag).
+        ValueError: if E < 1, k is not in [1, E], C <= 0, the eval C < 0 (naming the flag), or the
+            routing or init is unknown.
     """
 
     def __init__(self, embed_dim: int, num_experts: int, top_k: int, capacity_factor: float = 1.2,
-                 eval_capacity_factor: float = 0.0, noise: bool = True, renormalize: bool = False):
+                 eval_capacity_factor: float = 0.0, noise: bool = True, renormalize: bool = False,
+                 routing: str = "released", init: str = "released"):
         super().__init__()
         if num_experts < 1:
             raise ValueError(f"--moe-experts must be >= 1, got {num_experts}")
@@ -90,11 +110,22 @@ class TopKRouter(nn.Module):
             raise ValueError(f"--moe-capacity-factor must be > 0, got {capacity_factor}")
         if eval_capacity_factor < 0:
             raise ValueError(f"--moe-eval-capacity-factor must be >= 0 (0: no limit), got {eval_capacity_factor}")
+        if routing not in ROUTINGS:
+            raise ValueError(f"--moe-routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        if init not in EXPERT_FORMS:
+            raise ValueError(f"--widenet-experts must be one of {', '.join(EXPERT_FORMS)}, got {init!r}")
         self.num_experts, self.top_k = num_experts, top_k
         self.capacity_factor, self.eval_capacity_factor = capacity_factor, eval_capacity_factor
-        self.noise, self.renormalize = noise, renormalize
+        self.noise, self.renormalize, self.routing = noise, renormalize, routing
         self.weight = nn.Parameter(torch.empty(num_experts, embed_dim))
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's init
+        if init == "released":
+            nn.init.xavier_uniform_(self.weight)
+        else:
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's init
+
+    @property
+    def released(self) -> bool:
+        return self.routing == "released"
 
     def capacity(self, num_tokens: int, loads: Tensor) -> int:
         """B for this call; without a limit, the largest load (every assignment fits, and the expert
@@ -102,7 +133,8 @@ class TopKRouter(nn.Module):
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         if factor <= 0:
             return max(int(loads.max()) if loads.numel() else 0, 1)
-        return max(math.ceil(factor * self.top_k * num_tokens / self.num_experts), 1)
+        slots = factor * self.top_k * num_tokens / self.num_experts
+        return max(math.floor(slots) - 1 if self.released else math.ceil(slots), 1)
 
     def device_capacity(self, num_tokens: Tensor) -> Optional[Tensor]:
         """B of :meth:`capacity` as a 0-d tensor computed on the device from a 0-d count, without a
@@ -110,14 +142,15 @@ class TopKRouter(nn.Module):
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         if factor <= 0:
             return None
-        return (num_tokens.double() * (factor * self.top_k) / self.num_experts).ceil().clamp_min(1)
+        slots = num_tokens.double() * (factor * self.top_k) / self.num_experts
+        return (slots.floor() - 1 if self.released else slots.ceil()).clamp_min(1)
 
     def forward(self, x: Tensor, real: Optional[Tensor] = None) -> Routing:
-        """x: ``(N, d)`` tokens -> :class:`Routing`.
+        """x: ``(N, d)`` tokens, in the order in which they compete for capacity -> :class:`Routing`.
 
         Without ``real``, every row of x is a real token. With ``real`` (``(N,)`` bool, False at
         padding), padding rows are routed but never kept nor counted, and no count is read on the
-        host: the buffers hold B slots for all N rows, of which the first ``ceil(C·k·N_real/E)``
+        host: the buffers hold B slots for all N rows, of which the first B of the real tokens' count
         per expert are used, so the same assignments are kept as without the padding rows.
         """
         E, k, N = self.num_experts, self.top_k, x.shape[0]
@@ -128,26 +161,17 @@ class TopKRouter(nn.Module):
         gate, expert = probs.topk(k, dim=-1)  # (N, k)
         if self.renormalize:
             gate = gate / gate.sum(dim=-1, keepdim=True)
-        # choice-major order: every token's first choice precedes any second choice
+        slot, loads = self.fill(expert, real)
+        # Routing's assignments are choice-major (all first choices, then all second choices, ...)
         expert, gate = expert.t().reshape(-1), gate.t().reshape(-1)
         token = torch.arange(N, device=x.device).repeat(k)
-        # (E, k·N), expert-major: each expert's running count of assignments is then a scan along the
-        # contiguous last dim (the scan down the first dim of a (k·N, E) one-hot took 2.7 of the layer's
-        # ~5 ms on an H100 at 8,192 tokens, docs/gpu.md); F.one_hot would check its input on the host
-        chosen = torch.arange(E, device=x.device)[:, None] == expert[None, :]
-        real_assignments = None if real is None else real.repeat(k)
-        if real is not None:
-            chosen = chosen & real_assignments[None, :]  # padding takes no slot and adds no load
-        slot = chosen.cumsum(dim=1).gather(0, expert[None, :]).squeeze(0) - 1  # position in the expert's buffer
-        if real is not None:
-            slot = slot.masked_fill(~real_assignments, -1)
-        loads = chosen.sum(dim=1)  # assignments per expert
-        # Eqs. 3-5: m_i = fraction of tokens assigned to expert i (not differentiable),
-        # P_i = mean router probability of expert i over the same tokens.
+        # Eqs. 3-5: m_i = share of the tokens (ours) or of the assignments (released) that expert i
+        # got (not differentiable), P_i = mean router probability of expert i over the same tokens.
+        share = k if self.released else 1
         if real is None:
             capacity = self.capacity(N, loads)
             kept = slot < capacity
-            m = loads.float() / max(N, 1)
+            m = loads.float() / max(N * share, 1)
             balance_loss = E * (m * probs.mean(dim=0)).sum() if N > 0 else probs.sum() * 0
         else:
             num_real = real.sum()
@@ -155,9 +179,31 @@ class TopKRouter(nn.Module):
             capacity = self.capacity(N, loads)  # B for all N rows: an upper bound read from the shapes
             kept = (slot >= 0) & (slot < (limit if limit is not None else capacity))
             count = num_real.clamp_min(1).float()
-            m = loads.float() / count
+            m = loads.float() / (count * share)
             balance_loss = E * (m * (probs * real[:, None]).sum(dim=0) / count).sum()
         return Routing(expert, token, gate, slot, kept, capacity, E, balance_loss)
+
+    def fill(self, expert: Tensor, real: Optional[Tensor]) -> tuple:
+        """Each assignment's position in its expert's buffer, choice-major ``(k·N,)``, -1 for padding,
+        and the assignments per expert ``(E,)``, from the ``(N, k)`` choices: one running count per
+        expert over the assignments in filling order, token-major for ``released`` (a token's
+        choices go to different experts, so each expert sees the tokens in order), choice-major
+        for ``ours``."""
+        E, (N, k) = self.num_experts, expert.shape
+        order = expert.reshape(-1) if self.released else expert.t().reshape(-1)
+        # (E, k·N), expert-major: each expert's running count is then a scan along the contiguous
+        # last dim (the scan down the first dim of a (k·N, E) one-hot took 2.7 of the layer's ~5 ms
+        # on an H100 at 8,192 tokens, docs/gpu.md); F.one_hot would check its input on the host
+        chosen = torch.arange(E, device=expert.device)[:, None] == order[None, :]
+        if real is not None:
+            real_order = real.repeat_interleave(k) if self.released else real.repeat(k)
+            chosen = chosen & real_order[None, :]  # padding takes no slot and adds no load
+        slot = chosen.cumsum(dim=1).gather(0, order[None, :]).squeeze(0) - 1
+        if real is not None:
+            slot = slot.masked_fill(~real_order, -1)
+        if self.released:
+            slot = slot.view(N, k).t().reshape(-1)
+        return slot, chosen.sum(dim=1)
 
 
 class Experts(nn.Module):
@@ -165,19 +211,37 @@ class Experts(nn.Module):
     experts: every expert parameter is in the graph every step (an expert that got no token gets
     a zero gradient, so DDP never sees an unused parameter).
 
+    ``form`` (:data:`EXPERT_FORMS`): ``released`` as the authors' released code builds each expert
+    (``widenet/model_configs.py``, ``mlp``: two Dense layers, each followed by the activation,
+    Xavier-uniform kernels, biases from N(0, (1e-6)²)); ``ours``: the activation after the first
+    layer only (fairseq's FFN), nn.Linear's initialisation.
+
     Shapes: input ``(E, B, d)`` (B = capacity slots per expert); output ``(E, B, d)``.
     """
 
     def __init__(self, num_experts: int, embed_dim: int, ffn_dim: int, activation_fn: str = "relu",
-                 activation_dropout: float = 0.0):
+                 activation_dropout: float = 0.0, form: str = "released"):
         super().__init__()
-        self.fc1 = BatchedLinear(num_experts, embed_dim, ffn_dim)
-        self.fc2 = BatchedLinear(num_experts, ffn_dim, embed_dim)
+        released = form == "released"
+        self.fc1 = BatchedLinear(num_experts, embed_dim, ffn_dim, **released_init(released))
+        self.fc2 = BatchedLinear(num_experts, ffn_dim, embed_dim, **released_init(released))
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
+        self.output_activation = released
 
     def forward(self, buffer: Tensor) -> Tensor:
-        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(buffer))))
+        out = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(buffer))))
+        return self.activation_fn(out) if self.output_activation else out
+
+
+#: The released code's expert biases: Keras' RandomNormal(stddev=1e-6).
+RELEASED_BIAS_STD = 1e-6
+
+
+def released_init(released: bool) -> dict:
+    """:class:`BatchedLinear`'s arguments for the released code's Dense layers (Xavier-uniform
+    kernel, N(0, (1e-6)²) bias), or none (nn.Linear's initialisation)."""
+    return {"xavier_gain": 1.0, "bias_std": RELEASED_BIAS_STD} if released else {}
 
 
 class GatherRows(torch.autograd.Function):
@@ -252,24 +316,27 @@ class MoELayer(nn.Module):
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, routing: Optional[Routing] = None):
         T, B, d = x.shape
-        flat = x.reshape(T * B, d)
+        # the order in which tokens compete for capacity: batch-major for the released routing (its
+        # (batch, tokens, d) input flattened), fairseq's T x B order for ours
+        batch_major = self.router.released
+        flat = (x.transpose(0, 1) if batch_major else x).reshape(T * B, d)
+        pad = None if padding_mask is None else (padding_mask if batch_major else padding_mask.t()).reshape(-1)
         if self.dispatch == "index":
-            y, routing = self.index_dispatch(flat, padding_mask, routing)
+            y, routing = self.index_dispatch(flat, pad, routing)
         else:
-            real = None if padding_mask is None else ~padding_mask.t().reshape(-1)
             if routing is None:
-                routing = self.router(flat, real)
+                routing = self.router(flat, None if pad is None else ~pad)
             move = self.permuted if self.dispatch == "permute" else self.copied
             y = move(flat, routing)
-        return y.view(T, B, d), routing
+        return (y.view(B, T, d).transpose(0, 1) if batch_major else y.view(T, B, d)), routing
 
-    def index_dispatch(self, flat: Tensor, padding_mask: Optional[Tensor], routing: Optional[Routing]):
-        # (T, B) -> rows of the non-padding tokens in the flattened batch
+    def index_dispatch(self, flat: Tensor, pad: Optional[Tensor], routing: Optional[Routing]):
+        # flattened batch -> rows of the non-padding tokens (``pad``: (N,) True at padding)
         rows = None
-        if padding_mask is not None:
+        if pad is not None:
             # the one wait for the GPU per call: the number of real tokens N sets the buffers' shape
             # (capacity B); an "any padding?" check first would be a second
-            rows = (~padding_mask.t().reshape(-1)).nonzero().squeeze(1)
+            rows = (~pad).nonzero().squeeze(1)
         tokens = flat.index_select(0, rows) if rows is not None else flat
         if routing is None:
             routing = self.router(tokens)

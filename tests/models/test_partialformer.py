@@ -180,7 +180,7 @@ def test_init_scale_against_the_stock_transformers(multi30k_bin):
     zero-mean gate biases close about half the ReLU gates); Eq. 5 as printed with closed gates and raw
     A^G inputs starts an order of magnitude smaller than the Transformer."""
     def scales(flags=""):
-        out = run([sys.executable, REPO / "benchmarks" / "partialformer_init_scale.py", "--data", multi30k_bin,
+        out = run([sys.executable, REPO / "benchmarks" / "init_scale.py", "--data", multi30k_bin,
                    "--updates", "0", "--sentences", "48", "--flags", flags]).stdout
         return json.loads(out.splitlines()[-1])
 

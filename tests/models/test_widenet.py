@@ -1,5 +1,8 @@
-"""widenet (Xue et al. 2022): sharing across blocks, ablations, routing groups, criterion, configs."""
+"""widenet (Xue et al. 2022): sharing across blocks, ablations, routing groups, criterion, configs,
+the experts and router as the released code builds them."""
+import json
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +13,7 @@ from fairseq_widearch.experiments.counting import model_stats
 from fairseq_widearch.criterions import MoELabelSmoothedCrossEntropyCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
 from fairseq_widearch.models.widenet import DenseFFN
-from conftest import train
+from conftest import REPO, run, train
 
 VOCAB = 40
 
@@ -206,3 +209,77 @@ def test_routing_statistics_count_the_real_tokens_only(dispatch):
     assert (stats[0]["moe_dropped"] > 0).all()
     for key in ("moe_dropped", "moe_load"):
         torch.testing.assert_close(stats[1][key], stats[0][key], atol=1e-6, rtol=1e-6)
+
+
+@torch.no_grad()
+def test_the_experts_and_router_are_built_as_the_released_code_builds_them():
+    """e_i(x) = GELU(GELU(x W1 + b1) W2 + b2) (``mlp`` of widenet/model_configs.py: a GELU after each
+    Dense layer), Xavier-uniform kernels, biases from N(0, (1e-6)²), the router Xavier-uniform;
+    ``--widenet-experts ours``: fairseq's FFN (the activation after the first layer only) with
+    nn.Linear's initialisation. The dense-FFN ablation follows the experts' form."""
+    torch.manual_seed(0)
+    moe = make_model("--encoder-ffn-embed-dim", "256").encoder.layers[0].moe
+    experts, router = moe.experts, moe.router
+    fc1, fc2 = experts.fc1, experts.fc2  # weight (E, in, out)
+    for linear, fan_in, fan_out in ((fc1, 32, 256), (fc2, 256, 32)):
+        bound = (6 / (fan_in + fan_out)) ** 0.5
+        assert linear.weight.abs().max() <= bound and linear.weight.std() == pytest.approx(bound / 3 ** 0.5, rel=0.1)
+        assert linear.bias.abs().max() < 1e-5 and linear.bias.std() == pytest.approx(1e-6, rel=0.3)
+    assert router.weight.abs().max() <= (6 / (32 + 4)) ** 0.5 and router.weight.std() > 0.2  # Xavier, not Kaiming
+    x = torch.randn(4, 5, 32)
+    gelu = torch.nn.functional.gelu
+    expected = gelu(torch.bmm(gelu(torch.bmm(x, fc1.weight) + fc1.bias[:, None]), fc2.weight) + fc2.bias[:, None])
+    torch.testing.assert_close(experts(x), expected, atol=1e-5, rtol=1e-5)
+
+    ours = make_model("--widenet-experts", "ours", "--activation-fn", "relu").encoder.layers[0].moe.experts
+    assert not ours.output_activation and ours.fc1.bias.abs().max() > 1e-2  # nn.Linear's U(±1/√fan_in) biases
+    assert (ours(x) < 0).any()  # no activation after the second layer
+    for form, activated in (("released", True), ("ours", False)):
+        dense = make_model("--widenet-dense-ffn", "--widenet-experts", form).encoder.layers[0].moe
+        assert isinstance(dense, DenseFFN) and dense.output_activation == activated
+
+
+@pytest.mark.slow
+def test_init_scale_against_the_stock_transformer(multi30k_bin):
+    """At initialisation, on 48 real Multi30k val sentences (docs/widenet.md, "Experts"): the
+    released experts' MoE sub-layer output RMS lies within 2x of the stock Transformer's FFN
+    sub-layers and above ours (its GELU after the second layer and larger Xavier kernels), and the
+    encoder's gradient norm within 2x of the Transformer's for both."""
+    def scales(flags):
+        out = run([sys.executable, REPO / "benchmarks" / "init_scale.py", "--data", multi30k_bin, "--system",
+                   "widenet", "--updates", "0", "--sentences", "48", "--flags", flags]).stdout
+        return json.loads(out.splitlines()[-1])
+
+    released, ours = scales("--widenet-experts released"), scales("--widenet-experts ours")
+    ffn = released["transformer"]["sublayer_rms_by_kind"]["fc2"]
+    moe = released["widenet"]["sublayer_rms_by_kind"]["moe"]
+    assert ffn[0] / 2 <= moe[0] and moe[1] <= ffn[1] * 2, (moe, ffn)
+    assert ours["widenet"]["sublayer_rms_by_kind"]["moe"][1] < moe[0]
+    for measured in (released, ours):
+        assert 0.5 <= measured["widenet"]["encoder_grad_norm"] / measured["transformer"]["encoder_grad_norm"] <= 2
+
+
+@pytest.mark.parametrize("form", ["namespace", "dict", "dictconfig"])
+def test_a_checkpoint_saved_before_the_released_defaults_loads_as_it_was_trained(form, tmp_path):
+    """Its model config has ``moe_experts`` but no ``moe_routing``: fairseq would fill the new
+    defaults in (the preset runs on load) and run old weights through another routing and expert
+    form; loading rebuilds it with ``ours`` for both. A config that names them, or another arch's,
+    is left alone."""
+    from argparse import Namespace
+    from fairseq import checkpoint_utils
+    from omegaconf import OmegaConf
+
+    def saved(**model):
+        wrap = {"namespace": lambda d: Namespace(**d), "dict": dict, "dictconfig": OmegaConf.create}[form]
+        path = tmp_path / "checkpoint.pt"
+        torch.save({"cfg": {"model": wrap(model)}, "model": {}, "extra_state": {"train_iterator": {"epoch": 1}},
+                    "optimizer_history": [{"criterion_name": "x", "optimizer_name": "y", "num_updates": 0,
+                                           "lr_scheduler_state": {"best": 0.0}}]}, path)
+        loaded = checkpoint_utils.load_checkpoint_to_cpu(str(path))["cfg"]["model"]
+        get = loaded.get if hasattr(loaded, "get") else lambda key: getattr(loaded, key, None)
+        return get("moe_routing"), get("widenet_experts")
+
+    assert saved(arch="widenet_multi30k", moe_experts=4) == ("ours", "ours")
+    assert saved(arch="widenet_multi30k", moe_experts=4, moe_routing="released",
+                 widenet_experts="released") == ("released", "released")
+    assert saved(arch="transformer", moe_experts=4) == (None, None)

@@ -7,19 +7,21 @@ import torch.nn.functional as F
 
 from fairseq_widearch.experiments.counting import OperatorCounter
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
+from fairseq_widearch.modules.moe import ROUTINGS
 
 D, FFN = 8, 16
 
 
-def make_moe(experts=4, k=2, capacity_factor=1.2, eval_capacity_factor=0.0, noise=False, **kw):
+def make_moe(experts=4, k=2, capacity_factor=1.2, eval_capacity_factor=0.0, noise=False, form="released", **kw):
     router = TopKRouter(D, experts, k, capacity_factor, eval_capacity_factor, noise=noise, **kw)
-    return MoELayer(router, Experts(experts, D, FFN))
+    return MoELayer(router, Experts(experts, D, FFN, form=form))
 
 
 def dense_ffn(moe, i, x):
-    """Expert i of ``moe`` applied as a plain FFN."""
+    """Expert i of ``moe`` applied as a plain FFN (ReLU; after both layers in the released form)."""
     h = F.relu(x @ moe.experts.fc1.weight[i] + moe.experts.fc1.bias[i])
-    return h @ moe.experts.fc2.weight[i] + moe.experts.fc2.bias[i]
+    out = h @ moe.experts.fc2.weight[i] + moe.experts.fc2.bias[i]
+    return F.relu(out) if moe.experts.output_activation else out
 
 
 def route_everything_to(moe, expert):
@@ -38,27 +40,37 @@ def test_one_expert_top1_unlimited_equals_dense_ffn():
     assert routing.kept.all()
 
 
+@pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("k", [1, 2])
-def test_balance_loss_on_a_hand_built_routing(k):
-    """l = E Σ_i m_i P_i (Eq. 3), m_i = (1/N) Σ_tokens h(x)_i with h the k-hot dispatch vector (Eq.
-    4; Σ_i m_i = k), P_i = mean router probability over the same N tokens (Eq. 5)."""
+def test_balance_loss_on_a_hand_built_routing(k, routing):
+    """l = E Σ_i m_i P_i (Eq. 3), P_i = mean router probability over the N tokens (Eq. 5), m_i from
+    the k-hot dispatch vectors h(x) (Eq. 4): their mean divided by k for the released code (the m_i
+    sum to 1, ``load_balanced_loss(router_probs, expert_mask_sum / top_k)``), undivided for ours
+    (they sum to k)."""
     torch.manual_seed(0)
-    moe = make_moe(experts=3, k=k)
-    x = torch.randn(6, D)
-    routing = moe.router(x)
+    moe = make_moe(experts=3, k=k, routing=routing)
+    x = torch.randn(7, D)  # 7 tokens over 3 experts: loads that cannot be uniform
+    result = moe.router(x)
     probs = (x @ moe.router.weight.t()).softmax(-1)
-    dispatch = torch.zeros(6, 3).scatter_(1, probs.topk(k, dim=-1).indices, 1.0)  # h(x), k-hot
-    m = dispatch.mean(0)
-    assert m.sum().item() == pytest.approx(k) and not torch.allclose(m, torch.full((3,), k / 3))  # not uniform
-    torch.testing.assert_close(routing.balance_loss, 3 * (m * probs.mean(0)).sum())
+    dispatch = torch.zeros(7, 3).scatter_(1, probs.topk(k, dim=-1).indices, 1.0)  # h(x), k-hot
+    m = dispatch.mean(0) / (k if routing == "released" else 1)
+    assert m.sum().item() == pytest.approx(1 if routing == "released" else k)
+    torch.testing.assert_close(result.balance_loss, 3 * (m * probs.mean(0)).sum())
 
 
-def test_balance_loss_is_k_at_uniform_routing_but_not_a_lower_bound():
-    """Uniform loads and probabilities give l = k; a skewed routing can go below it (docs/widenet.md)."""
-    moe = make_moe(experts=2, k=1)
+@pytest.mark.parametrize("routing,expected", [("released", 1.0), ("ours", 2.0)])
+def test_balance_loss_at_uniform_routing(routing, expected):
+    """Uniform router probabilities (P_i = 1/E) give l = Σ_i m_i whatever the loads: 1 for the
+    released code's m_i, K for ours (so at the same λ ours weighs the balance term K times)."""
+    moe = make_moe(experts=4, k=2, routing=routing)
     with torch.no_grad():
         moe.router.weight.zero_()
-    assert moe.router(torch.randn(6, D)).balance_loss.item() == pytest.approx(1.0)
+    assert moe.router(torch.randn(12, D)).balance_loss.item() == pytest.approx(expected)
+
+
+def test_balance_loss_is_not_bounded_below_by_its_uniform_value():
+    """A skewed routing can go below the uniform value (docs/widenet.md)."""
+    moe = make_moe(experts=2, k=1)
     with torch.no_grad():
         moe.router.weight.zero_()
         moe.router.weight[0, 0], moe.router.weight[1, 0] = 0.05, -0.05  # expert 0 iff x_0 > 0, barely
@@ -69,30 +81,81 @@ def test_balance_loss_is_k_at_uniform_routing_but_not_a_lower_bound():
     assert moe.router(x).balance_loss.item() < 0.95  # m = (0.6, 0.4): 2 (0.6 P_0 + 0.4 P_1) ≈ 0.92
 
 
-def test_capacity_drops_exactly_the_over_capacity_tokens():
+@pytest.mark.parametrize("tokens,factor,k,experts,released,ours", [
+    (10, 1.0, 1, 2, 4, 5),  # floor(5) - 1, ceil(5)
+    (100, 1.2, 2, 4, 59, 60),  # floor(60) - 1, ceil(60)
+    (37, 1.2, 2, 4, 21, 23),  # floor(22.2) - 1, ceil(22.2)
+    (3, 1.0, 1, 4, 1, 1),  # floor(0.75) - 1 < 1: at least one slot
+])
+def test_capacity_at_a_few_sizes(tokens, factor, k, experts, released, ours):
+    """Released: positions start at 1 and are kept while below floor(C·K·N/E), so B = that - 1
+    usable slots; ours: ceil(C·K·N/E). The same B on the host and on the device."""
+    for routing, expected in (("released", released), ("ours", ours)):
+        router = TopKRouter(D, experts, k, factor, routing=routing).train()
+        assert router.capacity(tokens, torch.zeros(experts)) == expected, routing
+        assert router.device_capacity(torch.tensor(tokens)).item() == expected, routing
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_capacity_drops_exactly_the_over_capacity_tokens(routing):
     torch.manual_seed(0)
-    moe = make_moe(experts=2, k=1, capacity_factor=1.0).train()
+    moe = make_moe(experts=2, k=1, capacity_factor=1.0, routing=routing).train()
     route_everything_to(moe, 0)
     x = torch.rand(10, 1, D) + 0.1  # positive, so expert 0 wins for every token
-    y, routing = moe(x)
-    capacity = math.ceil(1.0 * 1 * 10 / 2)
-    assert routing.capacity == capacity
-    assert routing.kept.tolist() == [True] * capacity + [False] * (10 - capacity)  # batch order
-    gates = routing.gate[:capacity, None]
+    y, result = moe(x)
+    capacity = 4 if routing == "released" else 5  # floor(5) - 1 (one slot unused), ceil(5)
+    assert result.capacity == capacity
+    assert result.kept.tolist() == [True] * capacity + [False] * (10 - capacity)  # batch order
+    gates = result.gate[:capacity, None]
     torch.testing.assert_close(y[:capacity, 0], gates * dense_ffn(moe, 0, x[:capacity, 0]), atol=1e-5, rtol=1e-5)
     assert (y[capacity:] == 0).all()
 
 
-def test_first_choices_are_served_before_second_choices():
-    """Each expert's buffer takes its first-choice tokens in batch order, then second choices."""
+def served_and_queues(routing_name, x):
+    """(kept assignments, the released code's queue, ours) of each of 2 experts, top-2 of 2."""
     torch.manual_seed(0)
-    moe = make_moe(experts=2, k=2, capacity_factor=0.5).train()  # B = ceil(0.5 * 2 * 8 / 2) = 4
-    routing = moe.router(torch.randn(8, D))
+    moe = make_moe(experts=2, k=2, capacity_factor=0.5, routing=routing_name).train()  # floor/ceil(4)
+    routing = moe.router(x)
     expert, kept = routing.expert.view(2, 8), routing.kept.view(2, 8)  # (choice, token)
     for e in range(2):
-        queue = [(c, t) for c in range(2) for t in range(8) if expert[c, t] == e]
-        served = [(c, t) for c, t in queue if kept[c, t]]
-        assert served == queue[:routing.capacity]
+        token_order = [(c, t) for t in range(8) for c in range(2) if expert[c, t] == e]
+        choice_order = [(c, t) for c in range(2) for t in range(8) if expert[c, t] == e]
+        yield [(c, t) for c, t in token_order if kept[c, t]], token_order, choice_order, routing.capacity
+
+
+def test_the_two_overflow_orders_keep_different_assignments():
+    """Released: one running count over the tokens, a token's second choice competing at its place
+    (``cumsum`` of the K-hot mask); ours: every first choice before any second (GShard). With
+    K = E = 2 every token asks both experts, so an expert's queue is in token order for the
+    released routing and first choices first for ours; this batch keeps different assignments."""
+    x = torch.randn(8, D, generator=torch.Generator().manual_seed(3))
+    released, ours = list(served_and_queues("released", x)), list(served_and_queues("ours", x))
+    for served, token_order, _, capacity in released:
+        assert capacity == 3 and served == token_order[:3]
+    for served, _, choice_order, capacity in ours:
+        assert capacity == 4 and sorted(served) == sorted(choice_order[:4])
+    kept = [set(r[0]) for r in released], [set(o[0]) for o in ours]
+    assert any(not kept[0][e] <= kept[1][e] for e in range(2))  # a token the released order keeps, ours drops
+
+
+@pytest.mark.parametrize("routing,first_kept", [("released", "sentence"), ("ours", "position")])
+def test_tokens_compete_in_batch_major_order_for_the_released_routing(routing, first_kept):
+    """The released code flattens its (batch, tokens, d) input, so an overflowing expert keeps the
+    first sentences whole; ours flattens fairseq's T x B, keeping every sentence's first positions."""
+    torch.manual_seed(0)
+    moe = make_moe(experts=2, k=1, capacity_factor=0.5, routing=routing).train()
+    route_everything_to(moe, 0)
+    x = torch.rand(4, 3, D) + 0.1  # (T, B, d): 12 tokens, all to expert 0
+    y, result = moe(x)
+    kept = y.abs().sum(-1) > 0  # (T, B)
+    capacity = result.capacity  # released: floor(3) - 1 = 2, ours: ceil(3) = 3
+    order = torch.zeros(12, dtype=torch.bool)
+    order[:capacity] = True
+    if first_kept == "sentence":  # batch-major: sentence 0's first tokens
+        expected = order.view(3, 4).t()
+    else:  # position-major: position 0 of every sentence
+        expected = order.view(4, 3)
+    assert torch.equal(kept, expected), kept
 
 
 def test_padding_changes_neither_loss_nor_loads_nor_outputs():
