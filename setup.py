@@ -19,7 +19,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["fairseq_widearch", "fairseq_widearch.*"]),
-    python_requires=">=3.8",
+    python_requires=">=3.8, <3.13",  # ve-fairseq has wheels for CPython 3.11 and 3.12 only
     install_requires=["torch>=2.0"] + FAIRSEQ,
     extras_require={
         "examples": EXAMPLES,
