@@ -33,11 +33,18 @@ from malloc_modes import both_modes
 from on_device import add_arguments, check, clock, describe, to
 
 
+#: Both models' dropouts: the multi-path presets' (residual, attention and activation 0.1, the deep
+#: pre-norm recipe the paper follows), given to the deep twin too, whose fairseq defaults for
+#: attention and activation dropout are 0 (equal settings: each dropout costs its own kernels).
+DROPOUTS = {"dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1}
+
+
 def width_flags(dim, heads):
     return ["--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
             "--encoder-ffn-embed-dim", str(4 * dim), "--decoder-ffn-embed-dim", str(4 * dim),
             "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads),
-            "--dropout", "0.1", "--share-all-embeddings"]
+            *[part for name, p in DROPOUTS.items() for part in (f"--{name.replace('_', '-')}", str(p))],
+            "--share-all-embeddings"]
 
 
 def models(dim, heads, vocab):
@@ -100,15 +107,19 @@ def main(argv=None):
     if args.child:
         print(json.dumps(measure(args)))
         return
+    print(f"-- both models: dropout {DROPOUTS['dropout']}, attention dropout {DROPOUTS['attention_dropout']}, "
+          f"activation dropout {DROPOUTS['activation_dropout']}")
     if args.device == "cuda":  # glibc's malloc holds no GPU memory: one run
         res = measure(args)
         report("cuda", res)
-        print(json.dumps({"dim": args.dim, "rounds": args.rounds, "steps": args.steps, **describe(args), **res}))
+        print(json.dumps({"dim": args.dim, "rounds": args.rounds, "steps": args.steps, "dropouts": DROPOUTS,
+                          **describe(args), **res}))
         return
     default, reuse = both_modes(__file__, argv if argv is not None else sys.argv[1:])
     for label, res in (("glibc default malloc", default), ("freed memory reused", reuse)):
         report(label, res)
     summary = {"dim": args.dim, "threads": torch.get_num_threads(), "rounds": args.rounds, "steps": args.steps,
+               "dropouts": DROPOUTS,
                **describe(args), **reuse, "ratio_default_malloc": default["ratio"], "default_malloc": default}
     print(json.dumps(summary))
 
