@@ -94,11 +94,12 @@ def compare(system: str, batches, peak: float, args) -> dict:
     runs = {name: partial(train_steps, m, optimizers[name], batches) for name, m in models.items()}
     seconds = alternating_rounds(runs, args.rounds, lambda: clock(args))
     steps = args.rounds * len(batches)
+    mfu = {name: res["train_gflops_per_step"] * 1e9 * steps / seconds[name] / peak for name, res in result.items()}
     for name, res in result.items():
         res["steps_per_s"] = round(steps / seconds[name], 3)
-        res["mfu"] = round(res["train_gflops_per_step"] * 1e9 * res["steps_per_s"] / peak, 4)
+        res["mfu"] = round(mfu[name], 4)
         res["train_gflops_per_step"] = round(res["train_gflops_per_step"], 2)
-    return {**result, "ratio": round(result[system]["mfu"] / result["transformer"]["mfu"], 3)}
+    return {**result, "ratio": round(mfu[system] / mfu["transformer"], 3)}  # unrounded: tiny models' MFU rounds to 0
 
 
 def main(argv=None):
