@@ -76,9 +76,8 @@ def test_the_causal_kernel_gives_the_masked_outputs_and_gradients(arch):
 @pytest.mark.parametrize("arch", sorted(OWN_SELF_ATTENTION))
 def test_decoder_self_attention_runs_on_the_causal_kernel_where_targets_are_right_padded(arch):
     """Every decoder layer's self-attention in a training forward; none where the task pads targets
-    on the left (the causal mask alone would let real positions see padding). Attention dropout 0:
-    with it the CPU computes attention explicitly (the next test)."""
-    argv = [*OWN_SELF_ATTENTION[arch], "--attention-dropout", "0"]
+    on the left (the causal mask alone would let real positions see padding)."""
+    argv = OWN_SELF_ATTENTION[arch]
     model = build_model(arch, argv, vocab_size=VOCAB).train()
     assert causal_calls(model, *right_padded_batch()) == model.decoder.num_layers
     dictionary = model.decoder.dictionary
@@ -137,27 +136,3 @@ def test_no_attention_weights_in_training_unless_the_criterion_reads_them(arch):
     model.decoder.alignments_in_training = False
     with torch.no_grad():  # validation and generation: as before
         assert model(*batch)[1]["attn"][0] is not None
-
-
-@pytest.mark.parametrize("is_causal", [False, True])
-def test_dropout_on_the_cpu_takes_the_explicit_softmax(is_causal):
-    """On the CPU SDPA's flash kernel has no dropout (its math fallback was slower than fairseq's
-    explicit softmax: docs/multipath_transformer.md, "Speed"), so attention with dropout computes
-    dropout(softmax(q kᵀ/√d + mask)) v explicitly: the same random numbers as F.dropout on those
-    probabilities, no SDPA call, gradients through it, and without dropout SDPA as before."""
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 5, 4, requires_grad=True) for _ in range(3))
-    mask = None if is_causal else torch.zeros(2, 1, 1, 5).masked_fill(torch.tensor([0, 0, 0, 1, 1]).bool(), float("-inf"))
-    with mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as sdpa:
-        torch.manual_seed(7)
-        out = dot_product_attention(q, k, v, mask, 0.3, is_causal=is_causal)[0]
-        assert sdpa.call_count == 0
-        dot_product_attention(q, k, v, mask, 0.0, is_causal=is_causal)
-        assert sdpa.call_count == 1
-    causal = torch.full((5, 5), float("-inf")).triu(1) if is_causal else mask
-    logits = (q * 4 ** -0.5) @ k.transpose(-1, -2) + causal
-    torch.manual_seed(7)
-    expected = F.dropout(logits.softmax(-1), 0.3) @ v
-    torch.testing.assert_close(out, expected)
-    out.sum().backward()
-    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))

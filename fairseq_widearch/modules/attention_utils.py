@@ -127,12 +127,8 @@ def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor
     ``(B, h, S, d)``, mask additive, broadcastable to ``(B, h, T, S)``, or ``is_causal`` (then no
     mask: query t sees keys 0..t); ``dropout_p`` on the probabilities (pass 0 at inference). One
     fused ``F.scaled_dot_product_attention`` unless ``need_weights``, which computes the same
-    explicitly and also returns the probabilities ``(B, h, T, S)`` (else None), or unless dropout
-    runs on the CPU, which the explicit form also computes (the same distribution of outputs): there
-    SDPA's flash kernel has no dropout, and its math fallback (a masked ``_safe_softmax``, q and k
-    scaled apart) was slower than the explicit softmax that fairseq's attention uses (docs/multipath_transformer.md,
-    "Speed")."""
-    if not need_weights and not (dropout_p > 0 and q.device.type == "cpu"):
+    explicitly and also returns the probabilities ``(B, h, T, S)`` (else None)."""
+    if not need_weights:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal), None
     if is_causal:
         mask = torch.full((q.size(-2), k.size(-2)), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)
