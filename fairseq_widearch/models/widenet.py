@@ -32,7 +32,8 @@ from torch import Tensor
 
 from ..checkpoint_loading import CONFIG_UPGRADES
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.moe import DISPATCH, EXPERT_FORMS, ROUTINGS, Experts, MoELayer, Routing, TopKRouter, released_init
+from ..modules.moe import (DISPATCH, EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, Experts, MoELayer, Routing,
+                           TopKRouter)
 from ..modules.sharing import share_parameters
 from .base import LayerLoopDecoder, LayerLoopEncoder, LayerSlot, WideTransformerModel, added_defaults, alignment_weights
 from .presets import MULTI30K_BODY, register_preset, set_defaults
@@ -66,7 +67,7 @@ class WideNetConfig(TransformerConfig):
         metadata={"help": "released: as the authors' code routes (m_i of Eq. 4 over the K·N assignments, capacity "
                           "floor(C·K·N/E) with its first slot unused, tokens fill it batch-major with both choices "
                           "at the token's place); ours: m_i over the N tokens (a K times larger l), ceil(C·K·N/E), "
-                          "every first choice before any second, fairseq's T x B order; docs/widenet.md, 'Routing'"},
+                          "every first choice before any second, fairseq's T x B order; docs/widenet.md, 'Decisions'"},
     )
     widenet_experts: ChoiceEnum(EXPERT_FORMS) = field(
         default="released",
@@ -136,7 +137,7 @@ class DenseFFN(nn.Module):
         if self.output_activation:
             for linear in (self.fc1, self.fc2):
                 nn.init.xavier_uniform_(linear.weight)
-                nn.init.normal_(linear.bias, std=released_init(True)["bias_std"])
+                nn.init.normal_(linear.bias, std=RELEASED_BIAS_STD)
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
 
