@@ -20,6 +20,11 @@ form left passes the finished logits (+ A^G + masks) as SDPA's additive bias ove
 keys. Timed against the explicit softmax the module runs (forward + backward, attention dropout
 0.1, the ``partialformer_multi30k`` decoder's H = 8 heads of d_k = 32; ratio = fused / explicit).
 
+``kernels`` (PartialFormer systems): the whole training step with each ``--partial-attention-kernel``
+(the same model, its attentions switched, alternating rounds in one process; ``auto`` is the
+default), in ms and as a ratio to ``auto``: the side-by-side measurement that the utilisation
+step's ratios, each against a twin timed apart, could not give (docs/gpu.md, "Fifth session").
+
     python benchmarks/fused_attention.py                       # the Multi30k presets, on the CPU
     python benchmarks/fused_attention.py --device cuda --dtype fp16 --batch-size 128 \\
         --systems multipath_transformer_6l_4p,scalable_transformer_wmt_en_de,partialformer_24_6_d360_h30_16
@@ -36,6 +41,7 @@ from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.models.base import use_causal_kernel
 from fairseq_widearch.modules.attention_utils import bias_attention, softmax_attention
+from fairseq_widearch.modules.partial_attention import KERNELS, PartialAttention
 from on_device import add_arguments, check, clock, describe, to, training_loss
 
 SYSTEMS = ("multipath_transformer_multi30k", "scalable_transformer_multi30k", "partialformer_multi30k",
@@ -75,6 +81,29 @@ def compare(system: str, batches, args) -> dict:
     steps = args.rounds * len(batches)
     return {"before_ms": round(1e3 * seconds["before"] / steps, 2), "after_ms": round(1e3 * seconds["after"] / steps, 2),
             "ratio": round(seconds["after"] / seconds["before"], 3)}
+
+
+def set_kernel(model, kernel: str):
+    for module in model.modules():
+        if isinstance(module, PartialAttention):
+            module.kernel = kernel
+
+
+def kernel_times(system: str, batches, args) -> dict:
+    """ms per training step (the default causal kernel) with each PartialFormer attention kernel."""
+    model = to(build_model(system, vocab_size=args.vocab), args).train()
+    set_mode(model, True)
+
+    def train_with(kernel):
+        set_kernel(model, kernel)
+        train_in_mode(model, batches, True)
+
+    runs = {kernel: partial(train_with, kernel) for kernel in KERNELS}
+    alternating_rounds(runs, 1)  # warms up
+    seconds = alternating_rounds(runs, args.rounds, lambda: clock(args))
+    steps = args.rounds * len(batches)
+    return {**{f"{k}_ms": round(1e3 * seconds[k] / steps, 2) for k in KERNELS},
+            **{f"{k}/auto": round(seconds[k] / seconds["auto"], 3) for k in KERNELS if k != "auto"}}
 
 
 def logits_as_bias(args, heads: int = 8, head_dim: int = 32, dropout: float = 0.1) -> dict:
@@ -118,10 +147,14 @@ def main(argv=None):
         results[system] = res = compare(system, batches, args)
         print(f"{system:>36}: before {res['before_ms']} ms/step, after {res['after_ms']} ms/step, "
               f"after/before {res['ratio']}", flush=True)
+    kernels = {system: kernel_times(system, batches, args) for system in args.systems.split(",")
+               if system.startswith("partialformer")}
+    for system, res in kernels.items():
+        print(f"{system:>36}: PartialFormer kernels, ms/step {res}", flush=True)
     bias = logits_as_bias(args)
     print(f"PartialFormer head-scaled attention, logits as SDPA's bias / explicit: {bias['ratio']}")
     print(json.dumps({**describe(args), "batch_size": args.batch_size, "src_len": args.src_len,
-                      "tgt_len": args.tgt_len, **results, "partialformer_logits_as_bias": bias}))
+                      "tgt_len": args.tgt_len, **results, "kernels": kernels, "partialformer_logits_as_bias": bias}))
 
 
 if __name__ == "__main__":

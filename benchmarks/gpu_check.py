@@ -8,9 +8,10 @@ each step under its own time limit so that a stuck step cannot eat the others,
      ``_tiny`` preset, against one rank with ``--update-freq 2`` (benchmarks/two_ranks.py);
   c. ``profile``: benchmarks/profile_steps.py on the MoE layer;
   d. ``speed``: the speed figures of docs/gpu.md, what the last loan did not reach first: the
-     training utilisation of the undecided systems with every candidate at 16,384 tokens in fp16,
-     PartialFormer's decoding and fused attention, every MoE dispatch against its dense share, then
-     the utilisation in bf16 and at the papers' batch (128 x 30 tokens).
+     training utilisation of the undecided systems with every candidate in fp16 at the papers'
+     batch (128 x 30 tokens) and in bf16 at 16,320 tokens, PartialFormer's attention kernels side by
+     side (fused_attention.py), its decoding, every MoE dispatch against its dense share, then the
+     utilisation measured before.
 
 A loan's default plan is two calls: ``--call 1`` (a, b: about 400 s) and ``--call 2`` (c, d: about
 330 s). Writes OUT/report.json (everything, after every step), OUT/report.md (tables docs/gpu.md
@@ -57,30 +58,37 @@ def speed_commands(dry: bool) -> list:
                  [BENCH / "training_utilisation.py", *dev, "--systems",
                   "widenet_tiny;widenet_tiny:--moe-dispatch=permute;partialformer_tiny",
                   "--vocab", "500", "--batch-size", "4", "--steps", "1", "--rounds", "1"]),
+                ("fused attention bf16", 120,
+                 [BENCH / "fused_attention.py", *dev, "--systems", "partialformer_tiny", "--vocab", "500",
+                  "--batch-size", "2", "--steps", "1", "--rounds", "1"]),
                 ("partialformer decoding bf16", 200,
                  [BENCH / "partialformer_speed.py", *dev, "--vocab", "500", "--batch-size", "1", "--batches", "1",
                   "--rounds", "1", "--src-len", "4", "--tgt-len", "4"])]
-    # what the last loan (2026-11-27) did not reach first: fp16 at 16,320 tokens, the sdpa candidate,
-    # PartialFormer's decoding and fused attention; then the figures to follow a change
+    # what the last loan (2026-11-27, the fifth) did not reach first: the utilisation in fp16 at the
+    # papers' batch and in bf16 at 16,320 tokens; PartialFormer's kernels side by side; its decoding,
+    # the MoE layer, and the figures measured then, to follow a change
     undecided = ";".join([*CANDIDATES, *UNDECIDED])
-    commands = [("training_utilisation fp16 batch 544", 110,  # 544 x 30 = 16,320 tokens
-                 [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", 544,
-                  "--steps", "3", "--rounds", "2", "--systems", undecided])]
+
+    # 6 steps x 3 rounds per side: 3 x 2 gave ratios that moved by up to 0.4 between two loans
+    def utilisation(dtype: str, batch: int) -> tuple:  # 544 x 30 = 16,320 tokens
+        return (f"training_utilisation {dtype} batch {batch}", 120,
+                [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", dtype, "--batch-size", batch,
+                 "--steps", "6", "--rounds", "3", "--systems", undecided])
+
+    commands = [utilisation("fp16", 128), utilisation("bf16", 544),
+                # PartialFormer's three attention kernels side by side, the causal kernel, logits as SDPA's bias
+                ("fused attention fp16", 60,
+                 [BENCH / "fused_attention.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", "128",
+                  "--systems", "partialformer_24_6_d360_h30_16,multipath_transformer_6l_4p"])]
     for dtype in ("fp16", "bf16"):
         commands.append((f"partialformer decoding {dtype}", 30,
                          [BENCH / "partialformer_speed.py", "--device", "cuda", "--dtype", dtype, "--batch-size", "128"]))
-    commands.append(("fused attention fp16", 40,  # PartialFormer's logits as SDPA's bias, and the causal kernel
-                     [BENCH / "fused_attention.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", "128",
-                      "--systems", "partialformer_24_6_d360_h30_16,multipath_transformer_6l_4p"]))
     for tokens in (8192, 16384):
         for dtype in ("fp16", "bf16"):
             commands.append((f"moe {dtype} {tokens} tokens", 30,
                              [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", dtype, "--tokens", tokens,
                               "--dim", "768", "--ffn", "3072"]))
-    for batch, dtype in ((128, "bf16"), (544, "bf16"), (128, "fp16")):
-        commands.append((f"training_utilisation {dtype} batch {batch}", 110,
-                         [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", dtype, "--batch-size",
-                          batch, "--steps", "3", "--rounds", "2", "--systems", undecided]))
+    commands += [utilisation("fp16", 544), utilisation("bf16", 128)]
     return commands
 
 
@@ -245,6 +253,12 @@ def speed_summary(res: dict) -> str:
         return (f"dense FFN {res['dense_ms']} ms; MoE / K·C dense: " +
                 ", ".join(f"{d} {c['ratio']} ({c['ms']} ms)" for d, c in res["candidates"].items()) + " (target <= 1.15)")
     systems = {k: v for k, v in res.items() if isinstance(v, dict) and "ratio" in v}
+    if "kernels" in res:  # fused_attention.py: each ratio within one model, alternating rounds
+        bias = systems.pop("partialformer_logits_as_bias")
+        return ("causal kernel after / before: " + ", ".join(f"{k} {v['ratio']}" for k, v in systems.items()) +
+                f"; head-scaled logits as SDPA's bias / explicit {bias['ratio']}" +
+                "; step time / auto's: " + ", ".join(f"{system} {kernel} {ratio}" for system, ks in res["kernels"].items()
+                                                    for kernel, ratio in ks.items() if kernel.endswith("/auto")))
     if systems:
         return "MFU ratio to the stock twin: " + ", ".join(f"{k} {v['ratio']}" for k, v in systems.items())
     return ", ".join(f"{k} {v}" for k, v in res.items() if isinstance(v, (int, float)))
@@ -266,7 +280,7 @@ def main(argv=None):
     p.add_argument("--steps", help="the steps to run, comma-separated (overrides --call; a later loan reruns "
                                    "what an earlier one missed)")
     p.add_argument("--tier-seconds", type=int, default=300, help="the tier's limit")
-    p.add_argument("--speed-seconds", type=int, default=290, help="the speed step's limit")
+    p.add_argument("--speed-seconds", type=int, default=320, help="the speed step's limit")
     args = p.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         p.error("no CUDA GPU here: use --dry-run for the CPU stand-ins")

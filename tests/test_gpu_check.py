@@ -26,9 +26,12 @@ def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
     assert next(iter(report["tier_tests"])).endswith("decoding_scores_as_fp32_decoding[scalable_transformer_tiny-fp16]")
     two = report["steps"]["two_ranks"]["two_ranks"]["json"]["results"]["multipath_transformer_tiny"]
     assert two["ok"] and two["ranks_identical"]
+    markdown = (out / "report.md").read_text()
     for label, res in report["steps"]["speed"].items():
         assert res["rc"] == 0 and res["json"], label
     assert report["steps"]["speed"]["moe bf16 256 tokens"]["json"]["candidates"].keys() == {"padded", "index", "permute"}
+    # PartialFormer's three attention kernels timed side by side in one model
+    kernels = report["steps"]["speed"]["fused attention bf16"]["json"]["kernels"]["partialformer_tiny"]
+    assert {"auto_ms", "explicit_ms", "sdpa_ms"} <= kernels.keys() and "step time / auto's" in markdown
     assert report["steps"]["profile"]["profile"]["json"]["moe"]["moe"]["kernels_per_step"] > 0
-    markdown = (out / "report.md").read_text()
     assert re.search(r"\*\*CUDA tier\*\*: \d+ skipped", markdown) and "| multipath_transformer_tiny | True |" in markdown
