@@ -62,6 +62,11 @@ def test_warns_when_pruning_a_posterior_that_is_not_near_discrete(latent_checkpo
 def test_clear_errors(latent_checkpoint, multi30k_bin, tmp_path):
     proc = prune(latent_checkpoint, tmp_path / "x.pt", "--threshold", "0.99")
     assert proc.returncode != 0 and "no encoder layer has q(z = 1) > 0.99" in proc.stderr
+    state = torch.load(latent_checkpoint)
+    state["cfg"]["model"].decoder_normalize_before = False
+    torch.save(state, tmp_path / "post_norm.pt")
+    proc = prune(tmp_path / "post_norm.pt", tmp_path / "z.pt")
+    assert proc.returncode != 0 and "the decoder is post-norm" in proc.stderr and not (tmp_path / "z.pt").exists()
     other = tmp_path / "transformer"
     train(multi30k_bin, other, "transformer_tiny", max_update=1)
     proc = prune(other / "checkpoint_last.pt", tmp_path / "y.pt")

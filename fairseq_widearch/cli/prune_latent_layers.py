@@ -12,8 +12,10 @@ model (one posterior per language pair) is pruned for the pair ``--lang-pair`` n
 model keeps the task config (``translation_multi_simple_epoch``, language tokens).
 
 Raises:
-    SystemExit: if the checkpoint is not a ``latent_depth_transformer``, a stack would lose every
-        layer, or ``--lang-pair`` is missing (multilingual) or unknown, with a message naming the file.
+    SystemExit: if the checkpoint is not a ``latent_depth_transformer``, is post-norm (a deselected
+        post-norm layer still applies its LayerNorms, so dropping it would change the model), a
+        stack would lose every layer, or ``--lang-pair`` is missing (multilingual) or unknown, with a
+        message naming the file.
 """
 import argparse
 import re
@@ -81,6 +83,11 @@ def prune(checkpoint: str, out: str, threshold: float = 0.5, lang_pair: str = No
     arch = getattr(model_args, "arch", "")
     if not arch.startswith("latent_depth_transformer"):
         sys.exit(f"error: {checkpoint} holds a {arch!r} model, not a latent_depth_transformer")
+    post_norm = [s for s in STACKS if not getattr(model_args, f"{s}_normalize_before")]
+    if post_norm:
+        sys.exit(f"error: {checkpoint}: the {' and '.join(post_norm)} is post-norm, where a deselected layer still "
+                 "applies its LayerNorms, so pruning would change the model; decode it with "
+                 "--model-overrides \"{'latent_inference': 'hard'}\" instead")
     posterior = posterior_index(checkpoint, model_args, lang_pair)
     kept = {stack: kept_layers(state["model"], stack, threshold, posterior) for stack in STACKS}
     for stack, layers in kept.items():

@@ -99,42 +99,53 @@ def build_layer_select(cfg, num_layers: int) -> LayerSelect:
                        cfg.latent_threshold)
 
 
+def latent_residual(layer, x: Tensor, layer_norm, sublayer, z: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+    """One residual branch scaled by z_l: ``x + z·F(Norm(x))`` pre-norm (Eqs. 1-2), ``Norm(x + z·F(x))``
+    post-norm (the released example's ``residual_connection`` under ``multilingual_transformer_iwslt_de_en``,
+    where z = 0 still normalises). ``sublayer`` maps ``(T, B, C)`` to (output, attention weights or None)."""
+    h, weights = sublayer(layer_norm(x) if layer.normalize_before else x)
+    x = x + z * layer.dropout_module(h)
+    return (x if layer.normalize_before else layer_norm(x)), weights
+
+
 class LatentEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's pre-norm encoder layer with both residual branches scaled by z_l (Eq. 2)."""
+    """fairseq's encoder layer (pre- or post-norm) with both residual branches scaled by z_l (Eq. 2)."""
 
     def forward(self, x, encoder_padding_mask, z: Tensor):
         """x ``(src_len, B, C)``, encoder_padding_mask ``(B, src_len)`` or None, z scalar or ``(B, 1)``
         per sentence -> ``(src_len, B, C)``."""
-        h = self.self_attn_layer_norm(x)
-        h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=encoder_padding_mask, need_weights=False)
-        x = x + z * self.dropout_module(h)
-        h = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x)))))
-        return x + z * self.dropout_module(h)
+        x, _ = latent_residual(self, x, self.self_attn_layer_norm, lambda h: self.self_attn(
+            query=h, key=h, value=h, key_padding_mask=encoder_padding_mask, need_weights=False), z)
+        return latent_residual(self, x, self.final_layer_norm, self.feed_forward, z)[0]
+
+    def feed_forward(self, h: Tensor) -> Tuple[Tensor, None]:
+        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(h)))), None
 
 
 class LatentDecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's pre-norm decoder layer with its three residual branches scaled by z_l (Eq. 2)."""
+    """fairseq's decoder layer (pre- or post-norm) with its three residual branches scaled by z_l (Eq. 2)."""
 
     def forward(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                 self_attn_padding_mask, need_head_weights: bool, z: Tensor):
         """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)``, z scalar or ``(B, 1)`` -> ``(x (tgt_len, B,
         C), cross-attention weights (heads, B, tgt_len, src_len) if need_head_weights else None)``."""
-        h = self.self_attn_layer_norm(x)
-        h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
-                              incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
-        x = x + z * self.dropout_module(h)
-        h = self.encoder_attn_layer_norm(x)
-        h, attn = self.encoder_attn(query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
-                                    incremental_state=incremental_state, static_kv=True,
-                                    need_weights=need_head_weights, need_head_weights=need_head_weights)
-        x = x + z * self.dropout_module(h)
-        h = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x)))))
-        return x + z * self.dropout_module(h), attn
+        x, _ = latent_residual(self, x, self.self_attn_layer_norm, lambda h: self.self_attn(
+            query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask, incremental_state=incremental_state,
+            need_weights=False, attn_mask=self_attn_mask), z)
+        x, attn = latent_residual(self, x, self.encoder_attn_layer_norm, lambda h: self.encoder_attn(
+            query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
+            incremental_state=incremental_state, static_kv=True, need_weights=need_head_weights,
+            need_head_weights=need_head_weights), z)
+        return latent_residual(self, x, self.final_layer_norm, self.feed_forward, z)[0], attn
+
+    def feed_forward(self, h: Tensor) -> Tuple[Tensor, None]:
+        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(h)))), None
 
 
-def _skipped(select: LayerSelect, weight: Tensor) -> bool:
-    """A layer deselected for every sentence at hard inference is not computed (the pruned model)."""
-    return not select.training and select.inference == "hard" and not bool(weight.any())
+def _skipped(select: LayerSelect, weight: Tensor, prunable: bool) -> bool:
+    """A layer deselected for every sentence at hard inference is not computed (the pruned model);
+    a post-norm layer is (``prunable`` False): with z = 0 it still applies its LayerNorms."""
+    return prunable and not select.training and select.inference == "hard" and not bool(weight.any())
 
 
 def pair_means(z: Tensor, pair: Optional[Tensor], num_pairs: int) -> Tensor:
@@ -159,17 +170,18 @@ def layer_weights(select: LayerSelect, pair: Optional[Tensor], stack: str, noise
 
 def run_latent_layers(layers, select: Optional[LayerSelect], pair: Optional[Tensor], stack: str, x: Tensor,
                       states: Optional[List], *layer_args, alignment_layer: Optional[int] = None,
-                      noise: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
+                      noise: Optional[Tensor] = None, prunable: bool = True) -> Tuple[Tensor, Dict[str, List[Tensor]]]:
     """``x ← layer(x, *layer_args, z_l)`` for each layer (z = 1 for a static stack), appending each
     output to ``states``; returns x and the stack's auxiliary outputs. Decoder layers (given an
     ``alignment_layer``) also return their cross-attention weights: those of the alignment layer,
     or, if hard selection skips it, of the last computed layer before it (``attn``). ``noise``
-    ``(B, L)``: each sentence's noise for sampled inference."""
+    ``(B, L)``: each sentence's noise for sampled inference; ``prunable``: the stack is pre-norm (a
+    post-norm layer with z = 0 is not the identity)."""
     if select is None:
         weights, aux = [1.0] * len(layers), {}
     else:
         weights, aux = layer_weights(select, pair, stack, noise)
-    computed = {i for i, weight in enumerate(weights) if select is None or not _skipped(select, weight)}
+    computed = {i for i, weight in enumerate(weights) if select is None or not _skipped(select, weight, prunable)}
     if alignment_layer is not None and alignment_layer != NO_ALIGNMENT:  # the last computed layer up to it (else the first computed one)
         before = [i for i in computed if i <= alignment_layer]
         alignment_layer = max(before) if before else min(computed, default=-1)
@@ -215,7 +227,8 @@ class LatentDepthEncoder(LayerLoopEncoder):
         select, batch_size = self.layer_select, len(src_tokens)
         noise = (logistic_noise(batch_size, len(self.layers), x.device)
                  if select is not None and select.per_sentence() else None)
-        x, aux = run_latent_layers(self.layers, select, pair, "encoder", x, states, mask, noise=noise)
+        x, aux = run_latent_layers(self.layers, select, pair, "encoder", x, states, mask, noise=noise,
+                                   prunable=self.cfg.encoder.normalize_before)
         if self.decoder_noise_layers and not self.training:
             aux["latent_noise_decoder"] = [logistic_noise(batch_size, self.decoder_noise_layers, x.device)]
         return x, aux if pair is None else {**aux, "latent_pair": [pair]}
@@ -244,7 +257,8 @@ class LatentDepthDecoder(LayerLoopDecoder):
         noise = encoder_aux["latent_noise_decoder"][0] if "latent_noise_decoder" in encoder_aux else None
         return run_latent_layers(self.layers, self.layer_select, pair, "decoder", x, inner_states, encoder_out,
                                  encoder_padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask,
-                                 alignment_layer=alignment_layer, noise=noise)
+                                 alignment_layer=alignment_layer, noise=noise,
+                                 prunable=self.cfg.decoder.normalize_before)
 
 
 def configure_language_pairs(args, task):
@@ -271,9 +285,6 @@ def validate_latent_depth_config(args):
     validate_transformer_sizes(args)
     require(args.encoder_latent_layer or args.decoder_latent_layer,
             "latent_depth_transformer needs --encoder-latent-layer and/or --decoder-latent-layer")
-    require(args.encoder_normalize_before and args.decoder_normalize_before,
-            "latent layers are pre-norm (Li et al. 2020, Eq. 1): --encoder-normalize-before and "
-            "--decoder-normalize-before are required")
     # LayerSelect is itself a learned layer drop; fairseq's random one would misalign z_l and layer l
     reject_unapplied(args, "latent_depth_transformer", "encoder_layerdrop", "decoder_layerdrop", "cross_self_attention")
     require(0 < args.latent_threshold < 1, f"--latent-threshold must be in (0, 1), got {args.latent_threshold}")

@@ -1,4 +1,4 @@
-"""latent_depth_transformer (Li et al. 2020): Eq. 2 against fairseq's pre-norm Transformer,
+"""latent_depth_transformer (Li et al. 2020): Eq. 2 against fairseq's pre- and post-norm Transformer,
 deterministic inference, skipped layers, Table 1 presets, config errors."""
 import re
 
@@ -51,6 +51,60 @@ def test_every_layer_selected_equals_fairseq_prenorm_transformer():
         (ours, extra), (theirs, stock_extra) = model(src, lengths, prev), stock(src, lengths, prev)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(extra["attn"][0], stock_extra["attn"][0], atol=1e-6, rtol=1e-5)  # alignments
+
+
+POST_NORM = {"encoder_normalize_before": False, "decoder_normalize_before": False}
+
+
+def test_post_norm_latent_model_with_every_layer_selected_equals_fairseqs_post_norm_transformer():
+    """The released example's regime (``multilingual_transformer_iwslt_de_en`` is post-norm)."""
+    torch.manual_seed(0)
+    model = build_model("latent_depth_transformer_tiny", ["--latent-inference", "hard"],
+                        src_dict=dummy_dictionary(VOCAB), **POST_NORM).eval()
+    set_logits(model, [9.0, 9.0], [9.0, 9.0, 9.0])
+    stock = build_model("transformer", FLAGS + ["--share-decoder-input-output-embed"],
+                        src_dict=dummy_dictionary(VOCAB)).eval()
+    missing, unexpected = stock.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and all("layer_select" in key for key in unexpected)
+    src, lengths, prev = batch()
+    with torch.no_grad():
+        (ours, extra), (theirs, stock_extra) = model(src, lengths, prev), stock(src, lengths, prev)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(extra["attn"][0], stock_extra["attn"][0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", [{}, POST_NORM], ids=["pre-norm", "post-norm"])
+def test_a_decoder_layer_in_training_scales_each_branch_by_z(norm):
+    """Training mode with dropout: z = 1 gives fairseq's own layer (the same dropout draws), z = 0
+    the identity pre-norm and the three LayerNorms post-norm (the released residual_connection)."""
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+    model = build_model("latent_depth_transformer_tiny", ["--dropout", "0.3", "--attention-dropout", "0.2",
+                                                          "--activation-dropout", "0.1"], vocab_size=VOCAB, **norm)
+    layer = model.decoder.layers[0].train()
+    x, enc = torch.randn(5, 2, 32), torch.randn(4, 2, 32)
+    outputs = {}
+    for name, z in (("fairseq", None), ("z=1", torch.tensor(1.0)), ("z=0", torch.tensor(0.0))):
+        torch.manual_seed(1)
+        if z is None:
+            outputs[name] = TransformerDecoderLayerBase.forward(layer, x, enc, None)[0]
+        else:
+            outputs[name] = layer(x, enc, None, None, None, None, False, z)[0]
+    torch.testing.assert_close(outputs["z=1"], outputs["fairseq"])
+    chain = layer.final_layer_norm(layer.encoder_attn_layer_norm(layer.self_attn_layer_norm(x)))
+    torch.testing.assert_close(outputs["z=0"], chain if norm else x)
+
+
+@pytest.mark.parametrize("norm, computed", [({}, 0), (POST_NORM, 1)], ids=["pre-norm", "post-norm"])
+def test_hard_selection_computes_a_deselected_post_norm_layer(norm, computed):
+    """Pruning a z = 0 layer is exact pre-norm only; post-norm its LayerNorms still apply."""
+    model = build_model("latent_depth_transformer_tiny", ["--latent-inference", "hard"],
+                        src_dict=dummy_dictionary(VOCAB), **norm).eval()
+    set_logits(model, [9.0, 9.0], [9.0, -9.0, 9.0])
+    calls = []
+    model.decoder.layers[1].register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        model(*batch())
+    assert len(calls) == computed
 
 
 def test_alignment_layer_deselected_by_hard_selection_falls_back_to_the_last_computed_layer():
@@ -128,7 +182,6 @@ def test_table1_preset_parameter_counts_within_3_percent(preset, paper):
     ([], {"encoder_latent_layer": False, "decoder_latent_layer": False},
      "needs --encoder-latent-layer and/or --decoder-latent-layer"),
     (["--latent-temperature", "0"], {}, "--latent-temperature and --latent-min-temperature must be > 0"),
-    ([], {"decoder_normalize_before": False}, "--decoder-normalize-before are required"),
 ])
 def test_invalid_configs_fail_at_build_time_naming_the_flag(flags, overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
