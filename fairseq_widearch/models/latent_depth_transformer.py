@@ -297,7 +297,7 @@ def validate_latent_depth_config(args):
 class LatentDepthTransformerModel(WideTransformerModel):
     """Latent-depth Transformer (Li et al. 2020), bilingual or multilingual. Flags: :class:`LatentDepthConfig`;
     presets ``latent_depth_transformer_{lld_12_24, lld_12_48, llboth_36_36, llboth_48_48,
-    llboth_64_64, multi30k, tiny}``. A non-latent stack is fairseq's own pre-norm stack."""
+    llboth_64_64, o2m_12_24, multi30k, tiny}``. A non-latent stack is fairseq's own pre-norm stack."""
 
     config = LatentDepthConfig
     auxiliary_criterion = "latent_depth_label_smoothed_cross_entropy"
@@ -337,6 +337,14 @@ for _name, (_enc, _dec, _both) in {"lld_12_24": (12, 24, False), "lld_12_48": (1
     register_preset("latent_depth_transformer", f"latent_depth_transformer_{_name}", latent_depth_transformer,
                     f"Li et al. 2020, Table 1: {'LL-Both' if _both else 'LL-D'}, {_enc}/{_dec} layers.",
                     encoder_layers=_enc, decoder_layers=_dec, encoder_latent_layer=_both, decoder_latent_layer=True)
+
+
+register_preset("latent_depth_transformer", "latent_depth_transformer_o2m_12_24", latent_depth_transformer,
+                "Li et al. 2020, Table 3: LL-D 12/24 as fairseq's examples/latent_depth trains it (the body of "
+                "multilingual_transformer_iwslt_de_en: post-norm, d = 512, FFN 1024, 4 heads; dropout and attention "
+                "dropout 0.3).", encoder_layers=12, decoder_layers=24, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_normalize_before=False, decoder_normalize_before=False,
+                dropout=0.3, attention_dropout=0.3)
 
 
 @register_model_architecture("latent_depth_transformer", "latent_depth_transformer_multi30k")

@@ -1,0 +1,288 @@
+#!/usr/bin/env python
+"""Latent depth in its own regime (Li et al. 2020, Table 3 and Figs. 2-3): post-norm decoders deep
+enough that a static one may fail to train, on Multi30k one-to-many (en->de, fr, cs), with the
+settings of fairseq's ``examples/latent_depth`` README as far as they carry over to 2 CPU cores
+(docs/claims.md, "Latent depth in its own regime").
+
+    python examples/latent_depth/depth_regime.py run [--systems static_24,static_12,lld_24] [--seeds 1,2]
+        [--setting released] [--max-update 2000] [--jobs 2] [--work-dir runs/depth]
+        [--results docs/data/latent_depth_regime.jsonl] [--decode/--no-decode]
+    python examples/latent_depth/depth_regime.py gradients [--systems static_24,lld_24] [--seeds 1]
+        [--updates 0,250,1000,2000] [--gradients-results docs/data/latent_depth_gradients.jsonl]
+    python examples/latent_depth/depth_regime.py figure [--gradients-results ...] [--out docs/img/latent_depth_gradients.png]
+
+Systems: ``static_D`` is fairseq's post-norm ``transformer_iwslt_de_en`` with a D-layer decoder;
+``lld_D`` our ``latent_depth_transformer_o2m_12_24`` (post-norm, the released layer) with D latent
+decoder layers, target depth K = D / 2, under the released code's objective
+(``--latent-objective anchor``). Both: the scaled body (d 128, FFN 512, 4 heads, 12 encoder layers,
+decoder input and output embeddings tied), Adam (0.9, 0.98), eps 1e-6, lr 0.0015, inverse-sqrt
+from 1e-7, clip-norm 1.0, dropout and attention dropout 0.3, label smoothing 0.1, 2,048 x 3 tokens
+per update (the head-to-head's batch). What is scaled: the width (512 -> 128, FFN 1024 -> 512) for
+the CPU, and every update window of the released run by 1/8 for a 2,000-update budget (warm-up
+8,000 -> 1,000, the KL ramp 5,000 -> 625, soft samples 500 -> 63). ``--setting`` changes one thing
+at a time (:data:`SETTINGS`), to find the smallest setting in which the static model diverges.
+
+**Diverged** (fixed before the runs): training stops on a non-finite loss or gradient, or the mean
+training loss over the last tenth of the updates is not below the training loss logged at a tenth
+of the updates. Every run gets one JSON row (``--results``): its loss curve, the verdict and, if it
+trained, sacreBLEU per pair of its last checkpoint (beam 5, length penalty 1; the paper scores the
+last checkpoint), the latent model decoded ``soft`` and ``hard``. Runs resume from their
+``checkpoint_last.pt``; interval checkpoints every 250 updates feed ``gradients``.
+
+``gradients``: Fig. 2's measurement, the gradient norm of each decoder layer's parameters (mean over
+8 fixed validation batches, training mode with dropout, the run's own loss at that update) at
+initialisation (the model fairseq builds from the run's seed) and at interval checkpoints; rows in
+``--gradients-results``.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from fairseq_widearch.experiments.compare import training_updates, training_wall_seconds  # noqa: E402
+from fairseq_widearch.experiments.scoring import BIN, USER_DIR, corpus_bleu, generate  # noqa: E402
+
+PAIRS = ("de", "fr", "cs")
+TASK = ["--task", "translation_multi_simple_epoch", "--lang-pairs", "en-de,en-fr,en-cs", "--encoder-langtok", "tgt",
+        "--decoder-langtok"]
+BODY = ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--decoder-embed-dim", "128",
+        "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+        "--encoder-layers", "12", "--share-decoder-input-output-embed", "--dropout", "0.3",
+        "--attention-dropout", "0.3"]
+#: the released README's optimisation; update windows x 1/8 (module docstring)
+RELEASED = {"lr": "0.0015", "warmup_updates": "1000", "kl_anneal_updates": "625", "soft_updates": "63"}
+#: one change at a time from the released setting, to find where a static decoder diverges
+SETTINGS = {"released": {}, "lr_x2": {"lr": "0.003"}, "warmup_div8": {"warmup_updates": "125"}}
+INTERVAL = 250
+LOSS = re.compile(r"train_inner \| epoch \d+: +\d+ / \d+ loss=([^,]+),.*?num_updates=(\d+)")
+
+
+def system_flags(system: str, schedule: dict) -> list:
+    """fairseq-train's model and criterion flags of ``static_D`` or ``lld_D``."""
+    kind, depth = system.split("_")
+    if kind == "static":
+        return ["--arch", "transformer_iwslt_de_en", *BODY, "--decoder-layers", depth,
+                "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+    return ["--arch", "latent_depth_transformer_o2m_12_24", *BODY, "--decoder-layers", depth,
+            "--criterion", "latent_depth_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+            "--latent-objective", "anchor", "--latent-prior", "aggregated", "--latent-kl-weight", "0.1",
+            "--latent-kl-anneal-updates", schedule["kl_anneal_updates"],
+            "--latent-soft-updates", schedule["soft_updates"], "--latent-target-layers", str(int(depth) // 2),
+            "--latent-depth-weight", "0.1"]
+
+
+def train_command(args, system: str, seed: int, save: Path) -> list:
+    schedule = {**RELEASED, **SETTINGS[args.setting]}
+    return [BIN / "fairseq-train", args.data / "bin", "--user-dir", USER_DIR, *TASK,
+            *system_flags(system, schedule), "--cpu", "--num-workers", "0", "--seed", seed,
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-06", "--lr", schedule["lr"],
+            "--lr-scheduler", "inverse_sqrt", "--warmup-init-lr", "1e-07", "--warmup-updates",
+            schedule["warmup_updates"], "--clip-norm", "1.0", "--max-tokens", "2048",
+            "--max-update", args.max_update, "--max-epoch", "1000", "--disable-validation",
+            "--save-interval-updates", INTERVAL, "--keep-interval-updates", "-1", "--no-epoch-checkpoints",
+            "--log-format", "simple", "--log-interval", "25", "--save-dir", save]
+
+
+def run_name(system: str, setting: str, seed: int) -> str:
+    return f"{system}-{setting}-seed{seed}"
+
+
+def loss_curve(log: str) -> list:
+    """[(update, training loss)] of every ``train_inner`` line (nan/inf kept as strings)."""
+    return [(int(u), float(l) if re.fullmatch(r"[\d.]+", l) else l) for l, u in LOSS.findall(log)]
+
+
+def divergence(curve: list, failed: bool, max_update: int) -> str:
+    """The reason a run diverged (module docstring), or '' if it trained."""
+    if failed or any(isinstance(loss, str) for _, loss in curve):
+        return "non-finite loss or gradient"
+    tenth = [loss for update, loss in curve if update <= max_update // 10]
+    last = [loss for update, loss in curve if update > max_update - max_update // 10]
+    if not tenth or not last:
+        return "too few logged updates to judge"
+    return "" if statistics.mean(last) < tenth[-1] else "no progress after the first tenth"
+
+
+def posterior(checkpoint: Path) -> list:
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+    logits = state.get("decoder.layer_select.logits")
+    return [] if logits is None else [[round(q, 4) for q in row] for row in torch.sigmoid(logits.float()).tolist()]
+
+
+def decode(args, system: str, checkpoint: Path, out_dir: Path) -> dict:
+    """sacreBLEU per decoding mode and pair of ``checkpoint`` on test_2016."""
+    modes = ["soft", "hard"] if system.startswith("lld") else ["static"]
+    scores = {}
+    for mode in modes:
+        overrides = [] if mode == "static" else ["--model-overrides", repr({"latent_inference": mode})]
+        for tgt in PAIRS:
+            out = out_dir / f"generate-{mode}-en-{tgt}.txt"
+            generate(args.data / "bin", checkpoint, out, args.data / "bpe" / "codes", 5, 1.0, *TASK, *overrides,
+                     target_lang=tgt)
+            score, _ = corpus_bleu(out, args.data / f"test.ref.{tgt}")
+            scores.setdefault(mode, {})[tgt] = round(score.score, 2)
+    return scores
+
+
+def run_one(args, system: str, seed: int) -> dict:
+    name = run_name(system, args.setting, seed)
+    save = args.work_dir / "checkpoints" / name
+    save.mkdir(parents=True, exist_ok=True)
+    log_path = args.work_dir / f"train-{name}.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with open(log_path, "a") as log:
+        proc = subprocess.run([str(c) for c in train_command(args, system, seed, save)], stdout=log,
+                              stderr=subprocess.STDOUT, env=env)
+    log = log_path.read_text()
+    curve = loss_curve(log)
+    reason = divergence(curve, proc.returncode != 0, args.max_update)
+    row = {"system": system, "setting": args.setting, "seed": seed, "max_update": args.max_update,
+           "updates": training_updates(log) if "num_updates" in log else (curve[-1][0] if curve else 0),
+           "train_wall_s": round(training_wall_seconds(log)) if "num_updates" in log else None,
+           "diverged": bool(reason), "divergence": reason or None, "loss_curve": curve,
+           "date": datetime.date.today().isoformat(), "cpu_threads": 1}
+    if proc.returncode == 0:
+        last = save / "checkpoint_last.pt"
+        row["q_decoder"] = posterior(last)
+        if args.decode and not reason:
+            row["bleu"] = decode(args, system, last, save)
+    return row
+
+
+def done(results: Path) -> set:
+    if not results.exists():
+        return set()
+    return {(r["system"], r["setting"], r["seed"]) for r in map(json.loads, results.read_text().splitlines())}
+
+
+def prepare(args):
+    if not (args.data / "bin" / "dict.en.txt").exists():
+        subprocess.run([sys.executable, str(ROOT / "examples" / "multi30k" / "prepare.py"), "--work-dir",
+                        str(args.data), "--tgt", ",".join(PAIRS)], check=True)
+
+
+def run(args):
+    todo = [(s, seed) for seed in args.seeds for s in args.systems
+            if (s, args.setting, seed) not in done(args.results)]
+    prepare(args)
+    while todo:
+        batch, todo = todo[:args.jobs], todo[args.jobs:]
+        print(f"| {time.strftime('%H:%M')} starting {[run_name(s, args.setting, x) for s, x in batch]}", flush=True)
+        with ThreadPoolExecutor(len(batch)) as pool:
+            for row in pool.map(lambda job: run_one(args, *job), batch):
+                with open(args.results, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"| {time.strftime('%H:%M')} {row['system']} seed {row['seed']}: "
+                      f"{row['divergence'] or 'trained'}, BLEU {row.get('bleu')}", flush=True)
+
+
+def build(args, system: str, seed: int):
+    """(task, model, criterion) as fairseq-train builds them for the run (the same seed, so at
+    update 0 the same initial weights)."""
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    argv = [str(c) for c in train_command(args, system, seed, args.work_dir / "unused")[1:]]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    utils.import_user_module(cfg.common)
+    task = tasks.setup_task(cfg.task)
+    utils.set_torch_seed(seed)
+    return task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+
+
+def layer_gradient_norms(args, system: str, seed: int, update: int, batches: int = 8) -> list:
+    """Each decoder layer's gradient norm (per target token, as the optimiser sees it), averaged over
+    the first ``batches`` validation batches, in training mode (dropout, z sampled as at ``update``)."""
+    task, model, criterion = build(args, system, seed)
+    if update:
+        name = run_name(system, args.setting, seed)
+        checkpoint = next((args.work_dir / "checkpoints" / name).glob(f"checkpoint_*_{update}.pt"))
+        model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=False)["model"])
+    model.set_num_updates(update)
+    task.load_dataset("valid")
+    itr = task.get_batch_iterator(task.dataset("valid"), max_tokens=2048, seed=1).next_epoch_itr(shuffle=False)
+    model.train()
+    norms = torch.zeros(len(model.decoder.layers))
+    for i, sample in zip(range(batches), itr):
+        model.zero_grad()
+        torch.manual_seed(i)
+        loss, sample_size, _ = criterion(model, sample)
+        (loss / sample_size).backward()
+        norms += torch.stack([torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in layer.parameters()
+                                                                     if p.grad is not None]))
+                              for layer in model.decoder.layers])
+    return [round(x, 5) for x in (norms / batches).tolist()]
+
+
+def gradients(args):
+    for seed in args.seeds:
+        for system in args.systems:
+            for update in args.updates:
+                row = {"system": system, "setting": args.setting, "seed": seed, "update": update,
+                       "decoder_layer_grad_norms": layer_gradient_norms(args, system, seed, update)}
+                with open(args.gradients_results, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"| {system} seed {seed} update {update}: {row['decoder_layer_grad_norms']}", flush=True)
+
+
+def figure(args):
+    """Fig. 2's plot: each decoder layer's gradient norm (log scale; the mean over seeds, dots per
+    seed), one panel per update point, one line per system and setting."""
+    from fairseq_widearch.cli.plotting import pyplot
+    rows = [json.loads(line) for line in args.gradients_results.read_text().splitlines()]
+    updates = sorted({r["update"] for r in rows})
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(updates), figsize=(5 * len(updates), 4), squeeze=False, sharey=True)
+    for ax, update in zip(axes[0], updates):
+        here = [r for r in rows if r["update"] == update]
+        for key in sorted({(r["system"], r["setting"]) for r in here}):
+            runs = [r["decoder_layer_grad_norms"] for r in here if (r["system"], r["setting"]) == key]
+            layers = range(1, len(runs[0]) + 1)
+            line, = ax.plot(layers, [statistics.mean(v) for v in zip(*runs)], label=" ".join(key))
+            for run in runs:
+                ax.plot(layers, run, ".", color=line.get_color(), alpha=0.5)
+        ax.set_yscale("log")
+        ax.set_title("initialisation" if update == 0 else f"update {update}")
+        ax.set_xlabel("decoder layer (1 = bottom)")
+    axes[0][0].set_ylabel("gradient norm of the layer's parameters")
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=100)
+    print(f"| wrote {args.out}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["run", "gradients", "figure"])
+    p.add_argument("--systems", default="static_24,static_12,lld_24", type=lambda s: s.split(","))
+    p.add_argument("--seeds", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--setting", default="released", choices=SETTINGS)
+    p.add_argument("--max-update", type=int, default=2000)
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    p.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "depth")
+    p.add_argument("--data", type=Path, help="the prepared one-to-many data (bin/, bpe/codes, test.ref.*; "
+                                             "examples/multi30k/prepare.py --tgt de,fr,cs); default WORK/data, "
+                                             "prepared there if missing")
+    p.add_argument("--results", type=Path, default=ROOT / "docs" / "data" / "latent_depth_regime.jsonl")
+    p.add_argument("--updates", default="0", type=lambda s: [int(x) for x in s.split(",")],
+                   help="gradients: the points (0 = initialisation, else an interval checkpoint's update)")
+    p.add_argument("--gradients-results", type=Path, default=ROOT / "docs" / "data" / "latent_depth_gradients.jsonl")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "latent_depth_gradients.png", help="figure: the PNG")
+    args = p.parse_args(argv)
+    args.data = args.data or args.work_dir / "data"
+    {"run": run, "gradients": gradients, "figure": figure}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Latent depth in its own regime (examples/latent_depth/depth_regime.py): the divergence verdict
+fixed before the runs, a run's row, and Fig. 2's per-layer gradient norms."""
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+SCRIPT = REPO / "examples" / "latent_depth" / "depth_regime.py"
+spec = importlib.util.spec_from_file_location("depth_regime", SCRIPT)
+depth_regime = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(depth_regime)
+
+
+@pytest.mark.parametrize("curve, failed, verdict", [
+    ([(25, 12.0), (200, 9.0), (1900, 5.0), (2000, 4.8)], False, ""),
+    ([(25, 12.0), (200, 7.0), (1900, 7.1), (2000, 7.0)], False, "no progress after the first tenth"),
+    ([(25, 12.0), (200, 9.0), (300, "nan")], False, "non-finite loss or gradient"),
+    ([(25, 12.0), (200, 9.0)], True, "non-finite loss or gradient"),
+])
+def test_divergence_is_judged_by_the_rule_fixed_before_the_runs(curve, failed, verdict):
+    assert depth_regime.divergence(curve, failed, 2000) == verdict
+
+
+def test_the_loss_curve_reads_fairseqs_simple_log_nan_included():
+    log = ("2026 | INFO | train_inner | epoch 001:     25 / 278 loss=13.311, nll_loss=13.28, ppl=9966.78, "
+           "num_updates=25, lr=3e-05\n2026 | INFO | train_inner | epoch 001:     50 / 278 loss=nan, nll_loss=nan, "
+           "num_updates=50, lr=6e-05\n")
+    assert depth_regime.loss_curve(log) == [(25, 13.311), (50, "nan")]
+
+
+@pytest.mark.slow
+def test_a_run_writes_its_row_and_the_gradients_of_every_decoder_layer(multi30k_o2m_bin, tmp_path):
+    """Both kinds of system train their updates post-norm; at initialisation the latent decoder's
+    bottom layer gets a gradient over twice the static one's (Fig. 2's direction)."""
+    common = ["--work-dir", tmp_path, "--data", multi30k_o2m_bin.parent, "--seeds", "1"]
+    results, grads = tmp_path / "rows.jsonl", tmp_path / "grads.jsonl"
+    proc = subprocess.run([sys.executable, SCRIPT, "run", "--systems", "static_2,lld_2", "--max-update", "2",
+                           "--no-decode", "--results", results, *common], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["system"]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert sorted(rows) == ["lld_2", "static_2"] and all(r["updates"] == 2 for r in rows.values())
+    assert len(rows["lld_2"]["q_decoder"]) == 3 and rows["static_2"]["q_decoder"] == []  # a posterior per pair
+    log = (tmp_path / "train-lld_2-released-seed1.log").read_text()
+    assert "decoder_normalize_before=False" in log or "'decoder_normalize_before': False" in log
+    # 12 decoder layers: post-norm at 4 the static bottom layer's gradient is not yet starved
+    proc = subprocess.run([sys.executable, SCRIPT, "gradients", "--systems", "static_12,lld_12", "--updates", "0",
+                           "--gradients-results", grads, *common], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    norms = {r["system"]: r["decoder_layer_grad_norms"] for r in map(json.loads, grads.read_text().splitlines())}
+    assert len(norms["static_12"]) == len(norms["lld_12"]) == 12
+    assert norms["lld_12"][0] > 2 * norms["static_12"][0] > 0
+    png = tmp_path / "gradients.png"
+    subprocess.run([sys.executable, SCRIPT, "figure", "--gradients-results", grads, "--out", png], check=True,
+                   capture_output=True)
+    assert png.read_bytes().startswith(b"\x89PNG")
