@@ -48,10 +48,10 @@ from pathlib import Path
 
 import torch
 
+from fairseq_widearch.experiments.compare import training_updates, training_wall_seconds
+from fairseq_widearch.experiments.scoring import BIN, USER_DIR, corpus_bleu, generate
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from fairseq_widearch.experiments.compare import training_updates, training_wall_seconds  # noqa: E402
-from fairseq_widearch.experiments.scoring import BIN, USER_DIR, corpus_bleu, generate  # noqa: E402
 
 PAIRS = ("de", "fr", "cs")
 TASK = ["--task", "translation_multi_simple_epoch", "--lang-pairs", "en-de,en-fr,en-cs", "--encoder-langtok", "tgt",
