@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO
 
 SCRIPT = REPO / "examples" / "latent_depth" / "depth_regime.py"
+sys.path.insert(0, str(SCRIPT.parent))  # the script imports its neighbour head_to_head.py, as when run
 spec = importlib.util.spec_from_file_location("depth_regime", SCRIPT)
 depth_regime = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(depth_regime)

@@ -16,9 +16,9 @@ Systems: ``static_D`` is fairseq's post-norm ``transformer_iwslt_de_en`` with a 
 decoder layers, target depth K = D / 2, under the released code's objective
 (``--latent-objective anchor``). Both: the scaled body (d 128, FFN 512, 4 heads, 12 encoder layers,
 decoder input and output embeddings tied), Adam (0.9, 0.98), eps 1e-6, lr 0.0015, inverse-sqrt
-from 1e-7, clip-norm 1.0, dropout and attention dropout 0.3, label smoothing 0.1, 2,048 x 3 tokens
-per update (the head-to-head's batch). What is scaled: the width (512 -> 128, FFN 1024 -> 512) for
-the CPU, and every update window of the released run by 1/8 for a 2,000-update budget (warm-up
+from 1e-7, clip-norm 1.0, dropout and attention dropout 0.3, label smoothing 0.1, 2,048 tokens per
+update. What is scaled: the width (512 -> 128, FFN 1024 -> 512) and the batch (the README's 4,096
+tokens per pair and update -> 2,048 in all) for the CPU, and every update window of the released run by 1/8 for a 2,000-update budget (warm-up
 8,000 -> 1,000, the KL ramp 5,000 -> 625, soft samples 500 -> 63). ``--setting`` changes one thing
 at a time (:data:`SETTINGS`), to find the smallest setting in which the static model diverges.
 
@@ -50,10 +50,9 @@ import torch
 
 from fairseq_widearch.experiments.compare import training_updates, training_wall_seconds
 from fairseq_widearch.experiments.scoring import BIN, USER_DIR, corpus_bleu, generate
+from head_to_head import PAIRS, posterior  # this directory's head-to-head: the same pairs and posterior
 
 ROOT = Path(__file__).resolve().parents[2]
-
-PAIRS = ("de", "fr", "cs")
 TASK = ["--task", "translation_multi_simple_epoch", "--lang-pairs", "en-de,en-fr,en-cs", "--encoder-langtok", "tgt",
         "--decoder-langtok"]
 BODY = ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--decoder-embed-dim", "128",
@@ -65,6 +64,7 @@ RELEASED = {"lr": "0.0015", "warmup_updates": "1000", "kl_anneal_updates": "625"
 #: one change at a time from the released setting, to find where a static decoder diverges
 SETTINGS = {"released": {}, "lr_x2": {"lr": "0.003"}, "warmup_div8": {"warmup_updates": "125"}}
 INTERVAL = 250
+EPOCH_SUMMARY = re.compile(r"\| num_updates \d+")
 LOSS = re.compile(r"train_inner \| epoch \d+: +\d+ / \d+ loss=([^,]+),.*?num_updates=(\d+)")
 
 
@@ -114,12 +114,6 @@ def divergence(curve: list, failed: bool, max_update: int) -> str:
     return "" if statistics.mean(last) < tenth[-1] else "no progress after the first tenth"
 
 
-def posterior(checkpoint: Path) -> list:
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
-    logits = state.get("decoder.layer_select.logits")
-    return [] if logits is None else [[round(q, 4) for q in row] for row in torch.sigmoid(logits.float()).tolist()]
-
-
 def decode(args, system: str, checkpoint: Path, out_dir: Path) -> dict:
     """sacreBLEU per decoding mode and pair of ``checkpoint`` on test_2016."""
     modes = ["soft", "hard"] if system.startswith("lld") else ["static"]
@@ -148,13 +142,14 @@ def run_one(args, system: str, seed: int) -> dict:
     curve = loss_curve(log)
     reason = divergence(curve, proc.returncode != 0, args.max_update)
     row = {"system": system, "setting": args.setting, "seed": seed, "max_update": args.max_update,
-           "updates": training_updates(log) if "num_updates" in log else (curve[-1][0] if curve else 0),
-           "train_wall_s": round(training_wall_seconds(log)) if "num_updates" in log else None,
+           # fairseq's end-of-epoch summary, absent when training stopped on an error
+           "updates": training_updates(log) if EPOCH_SUMMARY.search(log) else (curve[-1][0] if curve else 0),
+           "train_wall_s": round(training_wall_seconds(log)) if EPOCH_SUMMARY.search(log) else None,
            "diverged": bool(reason), "divergence": reason or None, "loss_curve": curve,
            "date": datetime.date.today().isoformat(), "cpu_threads": 1}
     if proc.returncode == 0:
         last = save / "checkpoint_last.pt"
-        row["q_decoder"] = posterior(last)
+        row["q_decoder"] = posterior(last) if system.startswith("lld") else []
         if args.decode and not reason:
             row["bleu"] = decode(args, system, last, save)
     return row
@@ -218,8 +213,7 @@ def layer_gradient_norms(args, system: str, seed: int, update: int, batches: int
         torch.manual_seed(i)
         loss, sample_size, _ = criterion(model, sample)
         (loss / sample_size).backward()
-        norms += torch.stack([torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in layer.parameters()
-                                                                     if p.grad is not None]))
+        norms += torch.stack([torch.nn.utils.get_total_norm([p.grad for p in layer.parameters() if p.grad is not None])
                               for layer in model.decoder.layers])
     return [round(x, 5) for x in (norms / batches).tolist()]
 

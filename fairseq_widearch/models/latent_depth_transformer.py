@@ -108,6 +108,12 @@ def latent_residual(layer, x: Tensor, layer_norm, sublayer, z: Tensor) -> Tuple[
     return (x if layer.normalize_before else layer_norm(x)), weights
 
 
+def feed_forward(layer, h: Tensor) -> Tuple[Tensor, None]:
+    """The FFN sub-layer of a fairseq encoder or decoder layer, ``(T, B, C) -> (T, B, C)``, in
+    :func:`latent_residual`'s (output, weights) form."""
+    return layer.fc2(layer.activation_dropout_module(layer.activation_fn(layer.fc1(h)))), None
+
+
 class LatentEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer (pre- or post-norm) with both residual branches scaled by z_l (Eq. 2)."""
 
@@ -116,10 +122,7 @@ class LatentEncoderLayer(TransformerEncoderLayerBase):
         per sentence -> ``(src_len, B, C)``."""
         x, _ = latent_residual(self, x, self.self_attn_layer_norm, lambda h: self.self_attn(
             query=h, key=h, value=h, key_padding_mask=encoder_padding_mask, need_weights=False), z)
-        return latent_residual(self, x, self.final_layer_norm, self.feed_forward, z)[0]
-
-    def feed_forward(self, h: Tensor) -> Tuple[Tensor, None]:
-        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(h)))), None
+        return latent_residual(self, x, self.final_layer_norm, lambda h: feed_forward(self, h), z)[0]
 
 
 class LatentDecoderLayer(TransformerDecoderLayerBase):
@@ -136,10 +139,7 @@ class LatentDecoderLayer(TransformerDecoderLayerBase):
             query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
             incremental_state=incremental_state, static_kv=True, need_weights=need_head_weights,
             need_head_weights=need_head_weights), z)
-        return latent_residual(self, x, self.final_layer_norm, self.feed_forward, z)[0], attn
-
-    def feed_forward(self, h: Tensor) -> Tuple[Tensor, None]:
-        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(h)))), None
+        return latent_residual(self, x, self.final_layer_norm, lambda h: feed_forward(self, h), z)[0], attn
 
 
 def _skipped(select: LayerSelect, weight: Tensor, prunable: bool) -> bool:
@@ -297,7 +297,7 @@ def validate_latent_depth_config(args):
 class LatentDepthTransformerModel(WideTransformerModel):
     """Latent-depth Transformer (Li et al. 2020), bilingual or multilingual. Flags: :class:`LatentDepthConfig`;
     presets ``latent_depth_transformer_{lld_12_24, lld_12_48, llboth_36_36, llboth_48_48,
-    llboth_64_64, o2m_12_24, multi30k, tiny}``. A non-latent stack is fairseq's own pre-norm stack."""
+    llboth_64_64, o2m_12_24, multi30k, tiny}``. A non-latent stack is fairseq's own stack."""
 
     config = LatentDepthConfig
     auxiliary_criterion = "latent_depth_label_smoothed_cross_entropy"
