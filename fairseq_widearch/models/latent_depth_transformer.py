@@ -102,7 +102,8 @@ def build_layer_select(cfg, num_layers: int) -> LayerSelect:
 def latent_residual(layer, x: Tensor, layer_norm, sublayer, z: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
     """One residual branch scaled by z_l: ``x + z·F(Norm(x))`` pre-norm (Eqs. 1-2), ``Norm(x + z·F(x))``
     post-norm (the released example's ``residual_connection`` under ``multilingual_transformer_iwslt_de_en``,
-    where z = 0 still normalises). ``sublayer`` maps ``(T, B, C)`` to (output, attention weights or None)."""
+    where z = 0 still normalises). x ``(T, B, C)``; z scalar or ``(B, 1)`` per sentence; ``sublayer`` maps
+    ``(T, B, C)`` to (output ``(T, B, C)``, attention weights or None); returns (x, those weights)."""
     h, weights = sublayer(layer_norm(x) if layer.normalize_before else x)
     x = x + z * layer.dropout_module(h)
     return (x if layer.normalize_before else layer_norm(x)), weights
