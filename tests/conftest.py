@@ -69,6 +69,22 @@ def multi30k_bin(tmp_path_factory, multi30k_dir):
 
 
 @pytest.fixture(scope="session")
+def multi30k_slice_bin(tmp_path_factory, multi30k_bin):
+    """The first 100 sentence pairs of each split of ``multi30k_bin``, with its dictionaries: for the
+    tests of a trainer's mechanics (epochs, patience), where a full epoch or validation only costs time."""
+    work = tmp_path_factory.mktemp("multi30k_slice")
+    bpe = multi30k_bin.parent / "bpe"
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            lines = (bpe / f"{split}.{lang}").read_text().splitlines(keepends=True)[:100]
+            (work / f"{split}.{lang}").write_text("".join(lines))
+    run([fairseq_cli("preprocess"), "--source-lang", "en", "--target-lang", "de", "--trainpref", work / "train",
+         "--validpref", work / "valid", "--testpref", work / "test", "--srcdict", multi30k_bin / "dict.en.txt",
+         "--tgtdict", multi30k_bin / "dict.de.txt", "--destdir", work / "bin", "--workers", 1])
+    return work / "bin"
+
+
+@pytest.fixture(scope="session")
 def multi30k_o2m_bin(tmp_path_factory, multi30k_dir):
     """One-to-many en-de, en-fr, en-cs: first 500 training lines, 1,000 BPE merges, one dictionary."""
     work = tmp_path_factory.mktemp("multi30k_o2m")

@@ -102,12 +102,12 @@ def epochs_trained(data, save_dir, max_epoch):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_keeps_its_patience(multi30k_bin, tmp_path):
+def test_a_resumed_run_keeps_its_patience(multi30k_slice_bin, tmp_path):
     # Uninterrupted: epoch 1 sets the best, epochs 2 and 3 do not improve on it, so it stops after 3.
-    assert epochs_trained(multi30k_bin, tmp_path / "whole", 10) == [1, 2, 3]
+    assert epochs_trained(multi30k_slice_bin, tmp_path / "whole", 10) == [1, 2, 3]
     # Interrupted after epoch 2 and resumed: it must stop after epoch 3 too (stock fairseq: 5).
-    assert epochs_trained(multi30k_bin, tmp_path / "resumed", 2) == [1, 2]
-    assert epochs_trained(multi30k_bin, tmp_path / "resumed", 10) == [3]
+    assert epochs_trained(multi30k_slice_bin, tmp_path / "resumed", 2) == [1, 2]
+    assert epochs_trained(multi30k_slice_bin, tmp_path / "resumed", 10) == [3]
 
 
 class RecordedScaler:
