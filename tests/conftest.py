@@ -1,4 +1,5 @@
 """Shared fixtures: tiny real data (a slice of Multi30k) and CLI runners."""
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,14 +71,21 @@ def multi30k_bin(tmp_path_factory, multi30k_dir):
 
 @pytest.fixture(scope="session")
 def multi30k_slice_bin(tmp_path_factory, multi30k_bin):
-    """The first 100 sentence pairs of each split of ``multi30k_bin``, with its dictionaries: for the
-    tests of a trainer's mechanics (epochs, patience), where a full epoch or validation only costs time."""
-    work = tmp_path_factory.mktemp("multi30k_slice")
-    bpe = multi30k_bin.parent / "bpe"
+    """The first 100 sentence pairs of each split of ``multi30k_bin``, with its dictionaries, BPE codes
+    and test reference (prepare.py's layout): for the tests of a trainer's or the study's mechanics
+    (epochs, patience, resuming), where a full epoch, validation or test set only costs time."""
+    work, full = tmp_path_factory.mktemp("multi30k_slice"), multi30k_bin.parent
+
+    def head(src, dst):
+        dst.parent.mkdir(exist_ok=True)
+        dst.write_text("".join(src.read_text().splitlines(keepends=True)[:100]))
+
     for split in ("train", "valid", "test"):
         for lang in ("en", "de"):
-            lines = (bpe / f"{split}.{lang}").read_text().splitlines(keepends=True)[:100]
-            (work / f"{split}.{lang}").write_text("".join(lines))
+            head(full / "bpe" / f"{split}.{lang}", work / f"{split}.{lang}")
+    head(full / "test.ref.de", work / "test.ref.de")
+    (work / "bpe").mkdir()
+    shutil.copy(full / "bpe" / "codes", work / "bpe" / "codes")
     run([fairseq_cli("preprocess"), "--source-lang", "en", "--target-lang", "de", "--trainpref", work / "train",
          "--validpref", work / "valid", "--testpref", work / "test", "--srcdict", multi30k_bin / "dict.en.txt",
          "--tgtdict", multi30k_bin / "dict.de.txt", "--destdir", work / "bin", "--workers", 1])

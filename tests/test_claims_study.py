@@ -49,18 +49,18 @@ def without_timing(rows):
 
 
 @pytest.mark.slow
-def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_bin, tmp_path):
+def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_slice_bin, tmp_path):
     # An interrupted run: the first system trained for one epoch, nothing scored yet.
     claim = TINY["tiny"]
     interrupted = study.run_dir(tmp_path / "resumed", claim, claim.systems[0], 1)
-    study.fairseq_train(Namespace(device="cpu", max_epoch=1, patience=3), multi30k_bin, claim.systems[0].flags,
+    study.fairseq_train(Namespace(device="cpu", max_epoch=1, patience=3), multi30k_slice_bin, claim.systems[0].flags,
                         interrupted, 1)
     (interrupted / "training.json").unlink()  # a killed run never wrote it
     kept = tmp_path / "kept" / "claims.jsonl"  # a results file apart from the work directory
-    table, resumed = run_study(multi30k_bin, tmp_path / "resumed", results=kept)
+    table, resumed = run_study(multi30k_slice_bin, tmp_path / "resumed", results=kept)
     assert "Loaded checkpoint" in (interrupted / "train.log").read_text()
     # the resumed run's row equals that of the same run uninterrupted
-    _, [whole] = run_study(multi30k_bin, tmp_path / "whole", claims="tiny_one")
+    _, [whole] = run_study(multi30k_slice_bin, tmp_path / "whole", claims="tiny_one")
     first = next(r for r in resumed if r["system"] == claim.systems[0].name and r["seed"] == 1)
     assert without_timing([{**first, "claim": "tiny_one"}]) == without_timing([whole])
     # Both tiny systems end within 1 BLEU of each other, so each ran with seeds 1 and 2.
@@ -74,12 +74,12 @@ def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_bin
     assert first["valid_curve"] == study.curve(interrupted, claim.systems[0])
     # Run again: everything is done, nothing trains, no row is added.
     logs = {p: p.stat().st_size for p in (tmp_path / "resumed").rglob("train.log")}
-    _, again = run_study(multi30k_bin, tmp_path / "resumed", results=kept)
+    _, again = run_study(multi30k_slice_bin, tmp_path / "resumed", results=kept)
     assert again == resumed
     assert {p: p.stat().st_size for p in logs} == logs
     # On another machine (a new work directory) the results file alone carries the study: nothing
     # trains, and the tables and figures come from its rows.
-    table_elsewhere, elsewhere = run_study(multi30k_bin, tmp_path / "elsewhere", results=kept)
+    table_elsewhere, elsewhere = run_study(multi30k_slice_bin, tmp_path / "elsewhere", results=kept)
     assert elsewhere == resumed and table_elsewhere == table
     assert not list((tmp_path / "elsewhere").rglob("train.log"))
     assert (tmp_path / "elsewhere" / "claim_tiny.png").stat().st_size > 0
