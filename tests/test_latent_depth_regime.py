@@ -58,3 +58,11 @@ def test_a_run_writes_its_row_and_the_gradients_of_every_decoder_layer(multi30k_
     subprocess.run([sys.executable, SCRIPT, "figure", "--gradients-results", grads, "--out", png], check=True,
                    capture_output=True)
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_cuda_run_trains_on_fairseqs_default_device_with_the_same_flags(tmp_path):
+    args = depth_regime.argparse.Namespace(setting="released", data=tmp_path, max_update=2000, work_dir=tmp_path)
+    cpu = depth_regime.train_command(depth_regime.argparse.Namespace(**vars(args), device="cpu"), "lld_24", 1, tmp_path)
+    cuda = depth_regime.train_command(depth_regime.argparse.Namespace(**vars(args), device="cuda"), "lld_24", 1,
+                                      tmp_path)
+    assert "--cpu" in cpu and [c for c in cpu if c != "--cpu"] == cuda

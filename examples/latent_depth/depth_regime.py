@@ -5,7 +5,7 @@ settings of fairseq's ``examples/latent_depth`` README as far as they carry over
 (docs/claims.md, "Latent depth in its own regime").
 
     python examples/latent_depth/depth_regime.py run [--systems static_24,static_12,lld_24] [--seeds 1,2]
-        [--setting released] [--max-update 2000] [--jobs 2] [--work-dir runs/depth]
+        [--setting released] [--max-update 2000] [--jobs 2] [--device cpu] [--work-dir runs/depth]
         [--results docs/data/latent_depth_regime.jsonl] [--decode/--no-decode]
     python examples/latent_depth/depth_regime.py gradients [--systems static_24,lld_24] [--seeds 1]
         [--updates 0,250,1000,2000] [--gradients-results docs/data/latent_depth_gradients.jsonl]
@@ -85,7 +85,8 @@ def system_flags(system: str, schedule: dict) -> list:
 def train_command(args, system: str, seed: int, save: Path) -> list:
     schedule = {**RELEASED, **SETTINGS[args.setting]}
     return [BIN / "fairseq-train", args.data / "bin", "--user-dir", USER_DIR, *TASK,
-            *system_flags(system, schedule), "--cpu", "--num-workers", "0", "--seed", seed,
+            *system_flags(system, schedule), *(["--cpu"] if args.device == "cpu" else []), "--num-workers", "0",
+            "--seed", seed,
             "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-06", "--lr", schedule["lr"],
             "--lr-scheduler", "inverse_sqrt", "--warmup-init-lr", "1e-07", "--warmup-updates",
             schedule["warmup_updates"], "--clip-norm", "1.0", "--max-tokens", "2048",
@@ -123,7 +124,7 @@ def decode(args, system: str, checkpoint: Path, out_dir: Path) -> dict:
         for tgt in PAIRS:
             out = out_dir / f"generate-{mode}-en-{tgt}.txt"
             generate(args.data / "bin", checkpoint, out, args.data / "bpe" / "codes", 5, 1.0, *TASK, *overrides,
-                     target_lang=tgt)
+                     target_lang=tgt, cpu=args.device == "cpu")
             score, _ = corpus_bleu(out, args.data / f"test.ref.{tgt}")
             scores.setdefault(mode, {})[tgt] = round(score.score, 2)
     return scores
@@ -146,7 +147,7 @@ def run_one(args, system: str, seed: int) -> dict:
            "updates": training_updates(log) if EPOCH_SUMMARY.search(log) else (curve[-1][0] if curve else 0),
            "train_wall_s": round(training_wall_seconds(log)) if EPOCH_SUMMARY.search(log) else None,
            "diverged": bool(reason), "divergence": reason or None, "loss_curve": curve,
-           "date": datetime.date.today().isoformat(), "cpu_threads": 1}
+           "date": datetime.date.today().isoformat(), "device": args.device, "cpu_threads": 1}
     if proc.returncode == 0:
         last = save / "checkpoint_last.pt"
         row["q_decoder"] = posterior(last) if system.startswith("lld") else []
@@ -262,7 +263,10 @@ def main(argv=None):
     p.add_argument("--seeds", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--setting", default="released", choices=SETTINGS)
     p.add_argument("--max-update", type=int, default=2000)
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time, one CPU thread each")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the runs train and decode (cuda: every job on the one GPU); the same "
+                        "settings either way (gradients: on the CPU)")
     p.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "depth")
     p.add_argument("--data", type=Path, help="the prepared one-to-many data (bin/, bpe/codes, test.ref.*; "
