@@ -66,3 +66,16 @@ def test_a_cuda_run_trains_on_fairseqs_default_device_with_the_same_flags(tmp_pa
     cuda = depth_regime.train_command(depth_regime.argparse.Namespace(**vars(args), device="cuda"), "lld_24", 1,
                                       tmp_path)
     assert "--cpu" in cpu and [c for c in cpu if c != "--cpu"] == cuda
+
+
+def test_the_loss_curves_draw_the_named_systems_and_refuse_a_file_without_them(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"system": system, "setting": "released", "seed": 1, "diverged": diverged,
+                                        "loss_curve": curve}) + "\n" for system, diverged, curve in [
+        ("static_100", True, [[25, 12.0], [50, 11.0], [75, "nan"]]), ("lld_100", False, [[25, 12.0], [50, 9.0]]),
+        ("static_12", False, [[25, 12.0]])]))
+    png = tmp_path / "curves.png"
+    depth_regime.main(["curves", "--results", str(rows), "--systems", "static_100,lld_100", "--out", str(png)])
+    assert png.read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(SystemExit, match="no rows of lld_24"):
+        depth_regime.main(["curves", "--results", str(rows), "--systems", "lld_24", "--out", str(png)])

@@ -10,6 +10,8 @@ settings of fairseq's ``examples/latent_depth`` README as far as they carry over
     python examples/latent_depth/depth_regime.py gradients [--systems static_24,lld_24] [--seeds 1]
         [--updates 0,250,1000,2000] [--gradients-results docs/data/latent_depth_gradients.jsonl]
     python examples/latent_depth/depth_regime.py figure [--gradients-results ...] [--out docs/img/latent_depth_gradients.png]
+    python examples/latent_depth/depth_regime.py curves [--results ...] [--systems static_100,lld_100]
+        [--out docs/img/latent_depth_curves.png]
 
 Systems: ``static_D`` is fairseq's post-norm ``transformer_iwslt_de_en`` with a D-layer decoder;
 ``lld_D`` our ``latent_depth_transformer_o2m_12_24`` (post-norm, the released layer) with D latent
@@ -256,9 +258,38 @@ def figure(args):
     print(f"| wrote {args.out}")
 
 
+def curves(args):
+    """Training loss against updates of every row of ``--systems`` in ``--results`` (one line per
+    run, a diverged run's ending in an x at its last finite loss): Fig. 3's comparison.
+
+    Raises:
+        SystemExit: if ``--results`` has no row of ``--systems``."""
+    from fairseq_widearch.cli.plotting import pyplot
+    rows = [r for r in map(json.loads, args.results.read_text().splitlines()) if r["system"] in args.systems]
+    if not rows:
+        raise SystemExit(f"no rows of {','.join(args.systems)} in {args.results}")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colours = {}
+    for row in rows:
+        finite = [(u, loss) for u, loss in row["loss_curve"] if not isinstance(loss, str)] or [(0, float("nan"))]
+        key = (row["system"], row["setting"])
+        line, = ax.plot(*zip(*finite), color=colours.get(key), alpha=0.8,
+                        label=None if key in colours else " ".join(key))
+        colours[key] = line.get_color()
+        if row["diverged"]:
+            ax.plot(*finite[-1], "x", color=line.get_color(), markersize=10)
+    ax.set_xlabel("update")
+    ax.set_ylabel("training loss (bits per token)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=100)
+    print(f"| wrote {args.out}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["run", "gradients", "figure"])
+    p.add_argument("command", choices=["run", "gradients", "figure", "curves"])
     p.add_argument("--systems", default="static_24,static_12,lld_24", type=lambda s: s.split(","))
     p.add_argument("--seeds", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--setting", default="released", choices=SETTINGS)
@@ -276,10 +307,12 @@ def main(argv=None):
     p.add_argument("--updates", default="0", type=lambda s: [int(x) for x in s.split(",")],
                    help="gradients: the points (0 = initialisation, else an interval checkpoint's update)")
     p.add_argument("--gradients-results", type=Path, default=ROOT / "docs" / "data" / "latent_depth_gradients.jsonl")
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "latent_depth_gradients.png", help="figure: the PNG")
+    p.add_argument("--out", type=Path, help="figure, curves: the PNG (default docs/img/latent_depth_gradients.png, "
+                                            "latent_depth_curves.png)")
     args = p.parse_args(argv)
+    args.out = args.out or ROOT / "docs" / "img" / f"latent_depth_{'curves' if args.command == 'curves' else 'gradients'}.png"
     args.data = args.data or args.work_dir / "data"
-    {"run": run, "gradients": gradients, "figure": figure}[args.command](args)
+    {"run": run, "gradients": gradients, "figure": figure, "curves": curves}[args.command](args)
 
 
 if __name__ == "__main__":
