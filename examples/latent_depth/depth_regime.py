@@ -218,7 +218,8 @@ def layer_gradient_norms(args, system: str, seed: int, update: int, batches: int
         (loss / sample_size).backward()
         norms += torch.stack([torch.nn.utils.get_total_norm([p.grad for p in layer.parameters() if p.grad is not None])
                               for layer in model.decoder.layers])
-    return [round(x, 5) for x in (norms / batches).tolist()]
+    # 4 significant digits, not decimals: a deep static decoder's bottom layers get orders of magnitude less
+    return [float(f"{x:.4g}") for x in (norms / batches).tolist()]
 
 
 def gradients(args):
