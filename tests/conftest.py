@@ -77,7 +77,6 @@ def multi30k_slice_bin(tmp_path_factory, multi30k_bin):
     work, full = tmp_path_factory.mktemp("multi30k_slice"), multi30k_bin.parent
 
     def head(src, dst):
-        dst.parent.mkdir(exist_ok=True)
         dst.write_text("".join(src.read_text().splitlines(keepends=True)[:100]))
 
     for split in ("train", "valid", "test"):

@@ -16,13 +16,12 @@ from fairseq_widearch.experiments.claims import SCALABLE_TASK, Claim, System
 
 #: The study's machinery on two `_tiny` presets, and the scalable path (three stages, distillation,
 #: per-width scoring) on `scalable_transformer_tiny`: not paper claims.
+WIDENET_TINY = System("widenet_tiny", ("--arch", "widenet_tiny"))
 TINY = {claim.name: claim for claim in [
     Claim("tiny", "smoke test: two tiny presets",
-          (System("widenet_tiny", ("--arch", "widenet_tiny")),
-           System("multipath_transformer_tiny", ("--arch", "multipath_transformer_tiny"))),
+          (WIDENET_TINY, System("multipath_transformer_tiny", ("--arch", "multipath_transformer_tiny"))),
           (("widenet_tiny", "multipath_transformer_tiny"),)),
-    Claim("tiny_one", "the first system of tiny alone: one run", (System("widenet_tiny", ("--arch", "widenet_tiny")),),
-          ()),
+    Claim("tiny_one", "the first system of tiny alone: one run", (WIDENET_TINY,), ()),
     Claim("tiny_scalable", "smoke test: the scalable path on its tiny preset",
           (System("scalable_tiny", ("--arch", "scalable_transformer_tiny", *SCALABLE_TASK), widths=(64, 128)),),
           ()),

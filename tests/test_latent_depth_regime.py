@@ -4,6 +4,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from argparse import Namespace
 
 import pytest
 
@@ -61,10 +62,11 @@ def test_a_run_writes_its_row_and_the_gradients_of_every_decoder_layer(multi30k_
 
 
 def test_a_cuda_run_trains_on_fairseqs_default_device_with_the_same_flags(tmp_path):
-    args = depth_regime.argparse.Namespace(setting="released", data=tmp_path, max_update=2000, work_dir=tmp_path)
-    cpu = depth_regime.train_command(depth_regime.argparse.Namespace(**vars(args), device="cpu"), "lld_24", 1, tmp_path)
-    cuda = depth_regime.train_command(depth_regime.argparse.Namespace(**vars(args), device="cuda"), "lld_24", 1,
-                                      tmp_path)
+    def command(device):
+        args = Namespace(setting="released", data=tmp_path, max_update=2000, work_dir=tmp_path, device=device)
+        return depth_regime.train_command(args, "lld_24", 1, tmp_path)
+
+    cpu, cuda = command("cpu"), command("cuda")
     assert "--cpu" in cpu and [c for c in cpu if c != "--cpu"] == cuda
 
 

@@ -233,6 +233,12 @@ def gradients(args):
                 print(f"| {system} seed {seed} update {update}: {row['decoder_layer_grad_norms']}", flush=True)
 
 
+def save(fig, out: Path):
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    print(f"| wrote {out}")
+
+
 def figure(args):
     """Fig. 2's plot: each decoder layer's gradient norm (log scale; the mean over seeds, dots per
     seed), one panel per update point, one line per system and setting."""
@@ -254,9 +260,7 @@ def figure(args):
         ax.set_xlabel("decoder layer (1 = bottom)")
     axes[0][0].set_ylabel("gradient norm of the layer's parameters")
     axes[0][0].legend()
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=100)
-    print(f"| wrote {args.out}")
+    save(fig, args.out)
 
 
 def curves(args):
@@ -283,9 +287,7 @@ def curves(args):
     ax.set_xlabel("update")
     ax.set_ylabel("training loss (bits per token)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=100)
-    print(f"| wrote {args.out}")
+    save(fig, args.out)
 
 
 def main(argv=None):
@@ -311,7 +313,9 @@ def main(argv=None):
     p.add_argument("--out", type=Path, help="figure, curves: the PNG (default docs/img/latent_depth_gradients.png, "
                                             "latent_depth_curves.png)")
     args = p.parse_args(argv)
-    args.out = args.out or ROOT / "docs" / "img" / f"latent_depth_{'curves' if args.command == 'curves' else 'gradients'}.png"
+    if args.out is None:
+        args.out = ROOT / "docs" / "img" / ("latent_depth_curves.png" if args.command == "curves"
+                                            else "latent_depth_gradients.png")
     args.data = args.data or args.work_dir / "data"
     {"run": run, "gradients": gradients, "figure": figure, "curves": curves}[args.command](args)
 
