@@ -4,7 +4,9 @@ import sys
 
 import pytest
 
-from conftest import run
+from conftest import TINY_ARCHS, run
+from fairseq_widearch.experiments.counting import param_counts, preset_param_counts
+from fairseq_widearch.model_builder import build_model
 
 
 def stats(*argv):
@@ -40,3 +42,11 @@ def test_bad_flag_value_is_a_clear_error():
     proc = subprocess.run([sys.executable, "-m", "fairseq_widearch.cli.stats", "--arch", "multipath_transformer_tiny",
                            "--encoder-paths", "0"], capture_output=True, text=True)
     assert proc.returncode != 0 and "--encoder-paths must be a positive integer, got 0" in proc.stderr
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_counts_on_the_meta_device_equal_a_built_models(arch):
+    """The paper-size presets' parameter tests count on the meta device (no weights): every
+    architecture's counts there equal those of the model built with its weights."""
+    built = param_counts(build_model(arch, vocab_size=100))
+    assert preset_param_counts(arch, vocab_size=100) == built and built["params"] > 0

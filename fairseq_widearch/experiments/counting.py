@@ -33,6 +33,17 @@ def param_counts(model) -> dict:
             "params_encoder": encoder, "params_decoder": decoder}
 
 
+def preset_param_counts(arch: str, argv=(), vocab_size: int = 32000) -> dict:
+    """:func:`param_counts` of ``arch`` (flags ``argv``) built on the meta device: sizes only, no
+    weights allocated or initialised, so that a paper-size preset counts in about a second.
+
+    Raises:
+        ValueError: on a bad flag value.
+    """
+    with torch.device("meta"):
+        return param_counts(build_model(arch, argv, vocab_size=vocab_size))
+
+
 def _measured_macs(run) -> int:
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:

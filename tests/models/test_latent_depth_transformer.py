@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from fairseq_widearch.experiments.counting import model_stats
+from fairseq_widearch.experiments.counting import preset_param_counts
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
 
 VOCAB = 40
@@ -173,7 +173,7 @@ TABLE1_PARAMS = {"lld_12_24": 135, "lld_12_48": 211, "llboth_36_36": 224, "llbot
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,paper", sorted(TABLE1_PARAMS.items()))
 def test_table1_preset_parameter_counts_within_3_percent(preset, paper):
-    stats = model_stats(f"latent_depth_transformer_{preset}", vocab_size=33000)
+    stats = preset_param_counts(f"latent_depth_transformer_{preset}", vocab_size=33000)
     assert abs(stats["params"] / 1e6 - paper) / paper < 0.03, stats
 
 

@@ -10,7 +10,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from fairseq_widearch.experiments.counting import model_stats
+from fairseq_widearch.experiments.counting import preset_param_counts
 from fairseq_widearch.model_builder import build_model, parse_arch_args
 from fairseq_widearch.models.multipath_transformer import MultiPathDecoderLayer, MultiPathEncoderLayer
 from fairseq_widearch.modules import MultiPathAttention, MultiPathFFN, PathFusion, PathNorm
@@ -233,14 +233,14 @@ TABLE2_PARAMS = {"6l_2p": 80, "12l_2p": 118, "6l_4p": 118, "12l_3p": 156, "6l_6p
 
 @pytest.mark.slow
 def test_baseline_transformer_is_62m_at_the_stated_vocabulary():
-    stats = model_stats("transformer", ["--share-all-embeddings"], vocab_size=VOCAB)
+    stats = preset_param_counts("transformer", ["--share-all-embeddings"], vocab_size=VOCAB)
     assert abs(stats["params"] / 1e6 - 62) / 62 < 0.03
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,paper", sorted(TABLE2_PARAMS.items()))
 def test_table2_preset_parameter_counts_within_3_percent(preset, paper):
-    stats = model_stats(f"multipath_transformer_{preset}", vocab_size=VOCAB)
+    stats = preset_param_counts(f"multipath_transformer_{preset}", vocab_size=VOCAB)
     assert stats["params"] == stats["params_embedding"] + stats["params_encoder"] + stats["params_decoder"]
     assert abs(stats["params"] / 1e6 - paper) / paper < 0.03, stats
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 
-from fairseq_widearch.experiments.counting import OperatorCounter, model_stats
+from fairseq_widearch.experiments.counting import OperatorCounter, model_stats, preset_param_counts
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import PartialAttention, PGFFN
 from conftest import REPO, run
@@ -85,7 +85,7 @@ PRESET_PARAMS = {"6_6_d512_h24_16": (63, 34040), "24_6_d512_h24_16": (115, 34040
 @pytest.mark.parametrize("preset", sorted(PRESET_PARAMS))
 def test_paper_presets_parameter_counts_within_3_percent(preset):
     paper, vocab = PRESET_PARAMS[preset]
-    params = model_stats(f"partialformer_{preset}", vocab_size=vocab)["params"] / 1e6
+    params = preset_param_counts(f"partialformer_{preset}", vocab_size=vocab)["params"] / 1e6
     assert abs(params - paper) / paper < 0.03, params
 
 
@@ -113,7 +113,7 @@ def test_table5_macs_within_5_percent(arch, argv, paper):
 @pytest.mark.slow
 def test_table7_ablation_parameter_counts_within_3_percent(flags, paper):
     flags = flags + ["--encoder-ffn-embed-dim", "1440", "--decoder-ffn-embed-dim", "1440"]  # d = 360 Transformer stacks
-    params = model_stats("partialformer_24_6_d360_h30_16", flags, vocab_size=34040)["params"] / 1e6
+    params = preset_param_counts("partialformer_24_6_d360_h30_16", flags, vocab_size=34040)["params"] / 1e6
     assert abs(params - paper) / paper < 0.03, params
 
 

@@ -3,7 +3,7 @@ I/O projections; sub-Transformers crop (less work), type-2 per-layer widths, con
 import pytest
 import torch
 
-from fairseq_widearch.experiments.counting import count_macs
+from fairseq_widearch.experiments.counting import count_macs, count_table1_flops, sub_transformer_param_counts
 from fairseq_widearch.model_builder import build_model, dummy_dictionary, parse_arch_args
 
 VOCAB = 40
@@ -111,17 +111,28 @@ def test_sub_transformer_parameters_are_the_crops():
 PAPER = {256: (46, 19, 5.2), 512: (79, 61, 11.3), 768: (135, 124, 18.2), 1024: (209, 209, 26.02)}
 
 
+@pytest.fixture(scope="module")
+def en_de_models():
+    """The paper-size En-De model with its I/O projections (True) and without (False), built once
+    for every width: each test crops them with ``set_sample_config``."""
+    return {io: build_model("scalable_transformer", [] if io else ["--no-io-projections"], vocab_size=32768)
+            for io in (True, False)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("width", sorted(PAPER))
-def test_stats_per_width_match_tables_1_and_7_within_3_percent(width):
-    from fairseq_widearch.experiments.counting import model_stats
+def test_stats_per_width_match_tables_1_and_7_within_3_percent(width, en_de_models):
     params, params_no_io, gflops = PAPER[width]
-    ours = model_stats("scalable_transformer", vocab_size=32768, eval_width=width)
+    ours, cropped = (_width_stats(en_de_models[io], width) for io in (True, False))
     assert abs(ours["params"] / 1e6 / params - 1) < 0.03, ours
     assert abs(ours["flops_table1"] / 1e9 / gflops - 1) < 0.03, ours
-    cropped = model_stats("scalable_transformer", ["--no-io-projections"], vocab_size=32768, eval_width=width)
     assert abs(cropped["params"] / 1e6 / params_no_io - 1) < 0.03, cropped
     assert cropped["flops_table1"] == ours["flops_table1"]  # the paper's FLOPs ignore the I/O projections
+
+
+def _width_stats(model, width: int) -> dict:
+    model.set_sample_config(width)
+    return {**sub_transformer_param_counts(model), "flops_table1": count_table1_flops(model)}
 
 
 def test_width_dependent_dropout_follows_the_sample_config():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
-from fairseq_widearch.experiments.counting import model_stats, param_counts
+from fairseq_widearch.experiments.counting import model_stats, preset_param_counts
 from fairseq_widearch.criterions import MoELabelSmoothedCrossEntropyCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
 from fairseq_widearch.models.widenet import DenseFFN
@@ -162,7 +162,7 @@ def test_invalid_configs_fail_at_build_time_naming_the_flag(flags, message):
 def test_paper_presets_body_sizes():
     """WideNet-L (Sec. 4.1): 24 blocks, d = 1024, 16 heads, FFN 4096, E = 4: the encoder holds one
     attention (4.20M), four experts (33.57M), the router and 48 + 1 LayerNorms (0.10M)."""
-    stats = param_counts(build_model("widenet_l", vocab_size=1000))  # the counts only: no MACs to measure
+    stats = preset_param_counts("widenet_l", vocab_size=1000)
     expected = 4 * (1024 * 1024 + 1024) + 4 * 1024 + 4 * (2 * 1024 * 4096 + 4096 + 1024) + 49 * 2 * 1024
     assert stats["params_encoder"] == expected
     assert abs(stats["params_encoder"] / 1e6 - 40) / 40 < 0.06  # the paper's 40M adds patch embedding and head
