@@ -32,6 +32,9 @@ def test_the_loss_curve_reads_fairseqs_simple_log_nan_included():
            "num_updates=25, lr=3e-05\n2026 | INFO | train_inner | epoch 001:     50 / 278 loss=nan, nll_loss=nan, "
            "num_updates=50, lr=6e-05\n")
     assert depth_regime.loss_curve(log) == [(25, 13.311), (50, "nan")]
+    # killed after update 50, resumed from its checkpoint at 25: the resumed run's 50th update counts
+    resumed = log + log.splitlines(keepends=True)[1].replace("loss=nan", "loss=12.5")
+    assert depth_regime.loss_curve(resumed) == [(25, 13.311), (50, 12.5)]
 
 
 @pytest.mark.slow

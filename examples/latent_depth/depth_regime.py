@@ -102,8 +102,10 @@ def run_name(system: str, setting: str, seed: int) -> str:
 
 
 def loss_curve(log: str) -> list:
-    """[(update, training loss)] of every ``train_inner`` line (nan/inf kept as strings)."""
-    return [(int(u), float(l) if re.fullmatch(r"[\d.]+", l) else l) for l, u in LOSS.findall(log)]
+    """[(update, training loss)] of every ``train_inner`` line (nan/inf kept as strings); where a
+    resumed run logs an update again (it restarts from its last interval checkpoint), its own entry."""
+    curve = {int(u): float(l) if re.fullmatch(r"[\d.]+", l) else l for l, u in LOSS.findall(log)}
+    return sorted(curve.items())
 
 
 def divergence(curve: list, failed: bool, max_update: int) -> str:
