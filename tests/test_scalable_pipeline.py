@@ -144,6 +144,17 @@ def test_stage3_targets_are_the_widest_models_filtered_beam_outputs(stages, mult
     assert logged(stage3, "distill_lambda")[0] == 0.9 and logged(stage3, "distill_loss")
 
 
+def test_stage3_targets_refuse_to_write_an_empty_training_set(monkeypatch, tmp_path):
+    """An untrained model's outputs all run to the length limit: a message, not fairseq-train's later
+    error on an empty file."""
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "scalable_transformer"))
+    import distillation_targets
+    looping = {i: ("ein kurzer Satz", " ".join(["der"] * 251)) for i in range(3)}
+    monkeypatch.setattr(distillation_targets, "decode_training_set", lambda args: looping)
+    with pytest.raises(SystemExit, match=r"none of the 3 decoded training pairs .* --max-len 250"):
+        distillation_targets.main(["--data", str(tmp_path), "--checkpoint", "x.pt", "--out", str(tmp_path / "out")])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["legacy_ddp", "pytorch_ddp"])
 def test_two_rank_data_parallel_distillation_trains_the_same_sub_transformers(backend, multi30k_bin, tmp_path):

@@ -10,7 +10,7 @@ beam outputs on the training set, binarized with the original dictionaries.
    exceeds ``--max-ratio`` (the paper's 250 and 20; 20 may be a typo for 2.0, so it is a flag);
 3. ``fairseq-preprocess`` with BIN's dictionaries, and links BIN's valid/test sets, so OUT_BIN is a
    data directory for the stage-3 ``fairseq-train --distill-stage 3`` run.
-Prints how many pairs were kept.
+Prints how many pairs were kept; exits with an error if none is.
 """
 import argparse
 import os
@@ -68,6 +68,10 @@ def main(argv=None):
     (out / "text").mkdir(parents=True, exist_ok=True)
     pairs = decode_training_set(args)
     kept = [pair for pair in pairs.values() if keep(*pair, args.max_len, args.max_ratio)]
+    if not kept:  # fairseq-train would stop later on an empty file with an unrelated mmap error
+        sys.exit(f"error: none of the {len(pairs)} decoded training pairs is within --max-len {args.max_len} "
+                 f"and --max-ratio {args.max_ratio}: an untrained model's outputs run to the length limit; "
+                 "train stage 2 further")
     prefix = out / "text" / "train"
     for side, lang in ((0, args.source_lang), (1, args.target_lang)):
         Path(f"{prefix}.{lang}").write_text("".join(pair[side] + "\n" for pair in kept), encoding="utf-8")
