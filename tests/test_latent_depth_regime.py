@@ -4,6 +4,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import threading
 from argparse import Namespace
 
 import pytest
@@ -35,6 +36,27 @@ def test_the_loss_curve_reads_fairseqs_simple_log_nan_included():
     # killed after update 50, resumed from its checkpoint at 25: the resumed run's 50th update counts
     resumed = log + log.splitlines(keepends=True)[1].replace("loss=nan", "loss=12.5")
     assert depth_regime.loss_curve(resumed) == [(25, 13.311), (50, 12.5)]
+
+
+def test_the_next_run_starts_when_any_run_finishes_not_when_its_batch_does(monkeypatch, tmp_path):
+    """Two at a time, three runs: the first waits for the third to start, which only a free slot
+    left by the second allows (a batch of two would wait for the first: the guard's timeout)."""
+    third_started = threading.Event()
+
+    def run_one(args, system, seed):
+        if system == "static_3":
+            third_started.set()
+        waited = third_started.wait(timeout=30) if system == "static_1" else True
+        return {"system": system, "seed": seed, "divergence": None if waited else "third never started"}
+
+    monkeypatch.setattr(depth_regime, "run_one", run_one)
+    monkeypatch.setattr(depth_regime, "prepare", lambda args: None)
+    results = tmp_path / "rows.jsonl"
+    depth_regime.run(Namespace(systems=["static_1", "static_2", "static_3"], seeds=[1], setting="released",
+                               jobs=2, results=results))
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert rows[0]["system"] == "static_2" and len(rows) == 3  # each written as it finished
+    assert all(r["divergence"] is None for r in rows)
 
 
 @pytest.mark.slow

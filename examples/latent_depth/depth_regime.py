@@ -45,7 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
@@ -136,6 +136,7 @@ def decode(args, system: str, checkpoint: Path, out_dir: Path) -> dict:
 
 def run_one(args, system: str, seed: int) -> dict:
     name = run_name(system, args.setting, seed)
+    print(f"| {time.strftime('%H:%M')} starting {name}", flush=True)
     save = args.work_dir / "checkpoints" / name
     save.mkdir(parents=True, exist_ok=True)
     log_path = args.work_dir / f"train-{name}.log"
@@ -173,18 +174,18 @@ def prepare(args):
 
 
 def run(args):
+    """Every run of ``--systems`` x ``--seeds`` without a row yet, ``--jobs`` at a time: the next one
+    starts as soon as any finishes (the runs of a pair take unequal times), its row written then."""
     todo = [(s, seed) for seed in args.seeds for s in args.systems
             if (s, args.setting, seed) not in done(args.results)]
     prepare(args)
-    while todo:
-        batch, todo = todo[:args.jobs], todo[args.jobs:]
-        print(f"| {time.strftime('%H:%M')} starting {[run_name(s, args.setting, x) for s, x in batch]}", flush=True)
-        with ThreadPoolExecutor(len(batch)) as pool:
-            for row in pool.map(lambda job: run_one(args, *job), batch):
-                with open(args.results, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(f"| {time.strftime('%H:%M')} {row['system']} seed {row['seed']}: "
-                      f"{row['divergence'] or 'trained'}, BLEU {row.get('bleu')}", flush=True)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for future in as_completed([pool.submit(run_one, args, s, seed) for s, seed in todo]):
+            row = future.result()
+            with open(args.results, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"| {time.strftime('%H:%M')} {row['system']} seed {row['seed']}: "
+                  f"{row['divergence'] or 'trained'}, BLEU {row.get('bleu')}", flush=True)
 
 
 def build(args, system: str, seed: int):
