@@ -25,7 +25,7 @@ setup(
         "examples": EXAMPLES,
         "plots": PLOTS,
         "deploy": DEPLOY,
-        "test": ["pytest"] + EXAMPLES + DEPLOY,
+        "test": ["pytest", "pytest-xdist"] + EXAMPLES + DEPLOY,
     },
     license="MIT",
 )
