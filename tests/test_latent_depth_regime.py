@@ -36,6 +36,11 @@ def test_the_loss_curve_reads_fairseqs_simple_log_nan_included():
     # killed after update 50, resumed from its checkpoint at 25: the resumed run's 50th update counts
     resumed = log + log.splitlines(keepends=True)[1].replace("loss=nan", "loss=12.5")
     assert depth_regime.loss_curve(resumed) == [(25, 13.311), (50, 12.5)]
+    # a latent run's translation term alone, not the nll_loss or latent_kl beside it
+    latent = ("2026 | INFO | train_inner | epoch 001:     25 / 832 loss=13.313, nll_loss=12.9, ce_loss=13.2, "
+              "latent_kl=1.5, latent_depth_loss=2.06, ppl=9000, num_updates=25, lr=3e-05\n")
+    assert depth_regime.loss_curve(latent) == [(25, 13.313)]
+    assert depth_regime.loss_curve(latent, "ce_loss") == [(25, 13.2)]
 
 
 def test_the_next_run_starts_when_any_run_finishes_not_when_its_batch_does(monkeypatch, tmp_path):
@@ -71,6 +76,8 @@ def test_a_run_writes_its_row_and_the_gradients_of_every_decoder_layer(multi30k_
     rows = {r["system"]: r for r in map(json.loads, results.read_text().splitlines())}
     assert sorted(rows) == ["lld_2", "static_2"] and all(r["updates"] == 2 for r in rows.values())
     assert len(rows["lld_2"]["q_decoder"]) == 3 and rows["static_2"]["q_decoder"] == []  # a posterior per pair
+    assert [u for u, _ in rows["lld_2"]["ce_loss_curve"]] == [u for u, _ in rows["lld_2"]["loss_curve"]]
+    assert "ce_loss_curve" not in rows["static_2"]
     log = (tmp_path / "train-lld_2-released-seed1.log").read_text()
     assert "decoder_normalize_before=False" in log or "'decoder_normalize_before': False" in log
     # 12 decoder layers: post-norm at 4 the static bottom layer's gradient is not yet starved
@@ -104,5 +111,8 @@ def test_the_loss_curves_draw_the_named_systems_and_refuse_a_file_without_them(t
     png = tmp_path / "curves.png"
     depth_regime.main(["curves", "--results", str(rows), "--systems", "static_100,lld_100", "--out", str(png)])
     assert png.read_bytes().startswith(b"\x89PNG")
+    # a latent row's translation term, without the KL and depth terms its loss adds
+    assert depth_regime.translation_curve({"loss_curve": [[25, 12.5]], "ce_loss_curve": [[25, 12.0]]}) == [[25, 12.0]]
+    assert depth_regime.translation_curve({"loss_curve": [[25, 12.5]]}) == [[25, 12.5]]
     with pytest.raises(SystemExit, match="no rows of lld_24"):
         depth_regime.main(["curves", "--results", str(rows), "--systems", "lld_24", "--out", str(png)])

@@ -28,7 +28,9 @@ at a time (:data:`SETTINGS`), to find the smallest setting in which the static m
 training loss over the last tenth of the updates is not below the training loss logged at a tenth
 of the updates. Every run gets one JSON row (``--results``): its loss curve, the verdict and, if it
 trained, sacreBLEU per pair of its last checkpoint (beam 5, length penalty 1; the paper scores the
-last checkpoint), the latent model decoded ``soft`` and ``hard``. Runs resume from their
+last checkpoint), the latent model decoded ``soft`` and ``hard``. A latent row adds its translation term's curve
+(``ce_loss_curve``) and the rule's verdict on it (``divergence_ce``): its loss adds the KL and
+depth terms, whose weights ramp up over the KL ramp, so that the total rises by design. Runs resume from their
 ``checkpoint_last.pt``; interval checkpoints every 250 updates feed ``gradients``.
 
 ``gradients``: Fig. 2's measurement, the gradient norm of each decoder layer's parameters (mean over
@@ -67,7 +69,9 @@ RELEASED = {"lr": "0.0015", "warmup_updates": "1000", "kl_anneal_updates": "625"
 SETTINGS = {"released": {}, "lr_x2": {"lr": "0.003"}, "warmup_div8": {"warmup_updates": "125"}}
 INTERVAL = 250
 EPOCH_SUMMARY = re.compile(r"\| num_updates \d+")
-LOSS = re.compile(r"train_inner \| epoch \d+: +\d+ / \d+ loss=([^,]+),.*?num_updates=(\d+)")
+#: a train_inner line's value of a logged field (``loss``: the total; ``ce_loss``: a latent model's
+#: translation term, comparable with a static model's loss) and its update
+FIELD = r"train_inner \| epoch \d+: +\d+ / \d+ .*?(?<![\w]){}=([^,]+),.*?num_updates=(\d+)"
 
 
 def system_flags(system: str, schedule: dict) -> list:
@@ -101,10 +105,12 @@ def run_name(system: str, setting: str, seed: int) -> str:
     return f"{system}-{setting}-seed{seed}"
 
 
-def loss_curve(log: str) -> list:
+def loss_curve(log: str, field: str = "loss") -> list:
     """[(update, training loss)] of every ``train_inner`` line (nan/inf kept as strings); where a
-    resumed run logs an update again (it restarts from its last interval checkpoint), its own entry."""
-    curve = {int(u): float(l) if re.fullmatch(r"[\d.]+", l) else l for l, u in LOSS.findall(log)}
+    resumed run logs an update again (it restarts from its last interval checkpoint), its own entry.
+    ``field``: the logged term (:data:`FIELD`)."""
+    pattern = re.compile(FIELD.format(field))
+    curve = {int(u): float(l) if re.fullmatch(r"[\d.]+", l) else l for l, u in pattern.findall(log)}
     return sorted(curve.items())
 
 
@@ -153,6 +159,9 @@ def run_one(args, system: str, seed: int) -> dict:
            "train_wall_s": round(training_wall_seconds(log)) if EPOCH_SUMMARY.search(log) else None,
            "diverged": bool(reason), "divergence": reason or None, "loss_curve": curve,
            "date": datetime.date.today().isoformat(), "device": args.device, "cpu_threads": 1}
+    if system.startswith("lld"):  # its loss adds the KL and depth terms, whose weights ramp up
+        ce = loss_curve(log, "ce_loss")
+        row.update(ce_loss_curve=ce, divergence_ce=divergence(ce, proc.returncode != 0, args.max_update) or None)
     if proc.returncode == 0:
         last = save / "checkpoint_last.pt"
         row["q_decoder"] = posterior(last) if system.startswith("lld") else []
@@ -266,9 +275,16 @@ def figure(args):
     save(fig, args.out)
 
 
+def translation_curve(row: dict) -> list:
+    """A row's label-smoothed cross-entropy curve: a latent model's ``ce_loss`` (its loss adds the KL
+    and depth terms), a static model's loss."""
+    return row.get("ce_loss_curve") or row["loss_curve"]
+
+
 def curves(args):
     """Training loss against updates of every row of ``--systems`` in ``--results`` (one line per
-    run, a diverged run's ending in an x at its last finite loss): Fig. 3's comparison.
+    run, a diverged run's ending in an x at its last finite loss; a latent model's translation term,
+    without its KL and depth terms): Fig. 3's comparison.
 
     Raises:
         SystemExit: if ``--results`` has no row of ``--systems``."""
@@ -280,7 +296,7 @@ def curves(args):
     fig, ax = plt.subplots(figsize=(6, 4))
     colours = {}
     for row in rows:
-        finite = [(u, loss) for u, loss in row["loss_curve"] if not isinstance(loss, str)] or [(0, float("nan"))]
+        finite = [(u, loss) for u, loss in translation_curve(row) if not isinstance(loss, str)] or [(0, float("nan"))]
         key = (row["system"], row["setting"])
         line, = ax.plot(*zip(*finite), color=colours.get(key), alpha=0.8,
                         label=None if key in colours else " ".join(key))
@@ -288,7 +304,7 @@ def curves(args):
         if row["diverged"]:
             ax.plot(*finite[-1], "x", color=line.get_color(), markersize=10)
     ax.set_xlabel("update")
-    ax.set_ylabel("training loss (bits per token)")
+    ax.set_ylabel("label-smoothed cross-entropy (bits per token)")
     ax.legend()
     save(fig, args.out)
 
