@@ -116,3 +116,21 @@ def test_the_loss_curves_draw_the_named_systems_and_refuse_a_file_without_them(t
     assert depth_regime.translation_curve({"loss_curve": [[25, 12.5]]}) == [[25, 12.5]]
     with pytest.raises(SystemExit, match="no rows of lld_24"):
         depth_regime.main(["curves", "--results", str(rows), "--systems", "lld_24", "--out", str(png)])
+
+
+def test_the_gradients_figure_keeps_each_systems_colour_in_panels_that_lack_another(tmp_path):
+    rows = tmp_path / "grads.jsonl"
+    rows.write_text("".join(json.dumps({"system": system, "setting": "released", "seed": 1, "update": update,
+                                        "decoder_layer_grad_norms": [0.01, 0.1, 1.0]}) + "\n"
+                            for system, update in [("lld_3", 0), ("static_2", 0), ("static_3", 0), ("lld_3", 250),
+                                                   ("static_3", 250)]))
+    depth_regime.main(["figure", "--gradients-results", str(rows), "--out", str(tmp_path / "g.png")])
+    from matplotlib import pyplot
+    colours = {}
+    for ax in pyplot.gcf().axes:
+        for line in ax.lines:
+            if not line.get_label().startswith("_"):
+                colours.setdefault(line.get_label(), set()).add(line.get_color())
+    pyplot.close("all")
+    assert sorted(colours) == ["lld_3 released", "static_2 released", "static_3 released"]
+    assert all(len(c) == 1 for c in colours.values()), colours

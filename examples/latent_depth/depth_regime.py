@@ -259,14 +259,16 @@ def figure(args):
     updates = sorted({r["update"] for r in rows})
     plt = pyplot()
     fig, axes = plt.subplots(1, len(updates), figsize=(5 * len(updates), 4), squeeze=False, sharey=True)
+    # one colour per system and setting in every panel, though a panel may lack some of them
+    colours = {key: f"C{i}" for i, key in enumerate(sorted({(r["system"], r["setting"]) for r in rows}))}
     for ax, update in zip(axes[0], updates):
         here = [r for r in rows if r["update"] == update]
         for key in sorted({(r["system"], r["setting"]) for r in here}):
             runs = [r["decoder_layer_grad_norms"] for r in here if (r["system"], r["setting"]) == key]
             layers = range(1, len(runs[0]) + 1)
-            line, = ax.plot(layers, [statistics.mean(v) for v in zip(*runs)], label=" ".join(key))
+            ax.plot(layers, [statistics.mean(v) for v in zip(*runs)], color=colours[key], label=" ".join(key))
             for run in runs:
-                ax.plot(layers, run, ".", color=line.get_color(), alpha=0.5)
+                ax.plot(layers, run, ".", color=colours[key], alpha=0.5)
         ax.set_yscale("log")
         ax.set_title("initialisation" if update == 0 else f"update {update}")
         ax.set_xlabel("decoder layer (1 = bottom)")
