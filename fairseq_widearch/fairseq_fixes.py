@@ -12,6 +12,8 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
   :class:`fairseq_widearch.models.base.AlignmentsWhenRead`).
 * :func:`resume_patience`: a resumed ``fairseq-train --patience N`` forgets how many validations
   had not improved, and takes its first validation after resuming as the best.
+* :func:`finished_runs_stay_finished`: ``fairseq-train`` resumed from a checkpoint that already
+  has ``--max-update`` updates trains one more update and saves it over ``checkpoint_last.pt``.
 * :func:`amp_loss_scaler_flags`: ``--amp`` starts its loss scale at ``--fp16-init-scale`` instead
   of ``--amp-init-scale``, and ``--amp-scale-window W`` grows the scale every
   ``--amp-init-scale`` updates instead of every W.
@@ -22,6 +24,8 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
 """
 import functools
 import importlib.util
+import logging
+import math
 import sys
 from typing import Optional
 
@@ -151,6 +155,35 @@ def resume_patience():
 
     save_checkpoint.keeps_patience = True
     Trainer.save_checkpoint, Trainer.load_checkpoint = save_checkpoint, load_checkpoint
+
+
+def finished_runs_stay_finished():
+    """Train nothing when the run resumed from its checkpoint has ``--max-update`` updates already.
+
+    ``fairseq_cli.train.main`` checks ``--max-update`` only after an update (in
+    ``validate_and_save``), so running the same ``fairseq-train`` command again after it finished,
+    as a resumable recipe does, trains update N + 1 and saves it as ``checkpoint_last.pt`` (and a
+    ``checkpoint_E_N+1.pt`` under ``--save-interval-updates``): every rerun moves the model on by
+    one update. This wraps the per-epoch ``train`` that ``main`` calls, returning fairseq's own
+    "stop" before the first update. ``--max-update 0`` (no limit) is unaffected. Idempotent.
+    """
+    from fairseq_cli import train as train_cli
+
+    original = train_cli.train
+    if getattr(original, "stops_finished_runs", False):
+        return
+
+    @functools.wraps(original)
+    def train(cfg, trainer, task, epoch_itr):
+        max_update = cfg.optimization.max_update or math.inf
+        if trainer.get_num_updates() >= max_update:
+            logging.getLogger("fairseq_cli.train").info(
+                f"nothing to train: the checkpoint has {trainer.get_num_updates()} updates, --max-update {max_update}")
+            return [None], True
+        return original(cfg, trainer, task, epoch_itr)
+
+    train.stops_finished_runs = True
+    train_cli.train = train
 
 
 def amp_loss_scaler_flags():

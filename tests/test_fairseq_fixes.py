@@ -110,6 +110,20 @@ def test_a_resumed_run_keeps_its_patience(multi30k_slice_bin, tmp_path):
     assert epochs_trained(multi30k_slice_bin, tmp_path / "resumed", 10) == [3]
 
 
+@pytest.mark.slow
+def test_running_a_finished_training_again_trains_nothing(multi30k_slice_bin, tmp_path):
+    train(multi30k_slice_bin, tmp_path, "transformer", *STOCK_TINY, max_update=2)
+    before = torch.load(tmp_path / "checkpoint_last.pt")
+    again = train(multi30k_slice_bin, tmp_path, "transformer", *STOCK_TINY, max_update=2).stdout
+    after = torch.load(tmp_path / "checkpoint_last.pt")
+    assert "nothing to train: the checkpoint has 2 updates" in again  # stock fairseq: a third update
+    assert after["optimizer_history"][-1]["num_updates"] == 2
+    assert all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
+    # a larger --max-update resumes as before
+    more = train(multi30k_slice_bin, tmp_path, "transformer", *STOCK_TINY, max_update=3).stdout
+    assert "num_updates 3" in more
+
+
 class RecordedScaler:
     def __init__(self, **kwargs):
         self.kwargs = kwargs
