@@ -134,3 +134,17 @@ def test_the_gradients_figure_keeps_each_systems_colour_in_panels_that_lack_anot
     pyplot.close("all")
     assert sorted(colours) == ["lld_3 released", "static_2 released", "static_3 released"]
     assert all(len(c) == 1 for c in colours.values()), colours
+
+
+def test_every_pair_and_selection_decodes_with_the_studys_length_limit(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(depth_regime, "generate", lambda *args, **kwargs: calls.append((args, kwargs)))
+    monkeypatch.setattr(depth_regime, "corpus_bleu", lambda out, ref: (Namespace(score=12.345), "sig"))
+    args = Namespace(data=tmp_path, device="cpu")
+    scores = depth_regime.decode(args, "lld_24", tmp_path / "checkpoint_last.pt", tmp_path)
+    assert scores == {mode: {tgt: 12.35 for tgt in ("de", "fr", "cs")} for mode in ("soft", "hard")}
+    assert len(calls) == 6
+    for positional, _ in calls:
+        flags = [str(a) for a in positional]
+        i = flags.index("--max-len-a")
+        assert flags[i:i + 4] == ["--max-len-a", "1.5", "--max-len-b", "10"]
