@@ -43,6 +43,13 @@ def test_the_loss_curve_reads_fairseqs_simple_log_nan_included():
     assert depth_regime.loss_curve(latent, "ce_loss") == [(25, 13.2)]
 
 
+def test_training_seconds_add_the_finished_invocations_of_a_resumed_run():
+    log = ("| epoch 001 | loss 9 | num_updates 100 | wall 0\n| fairseq_cli.train | done training in 120.5 seconds\n"
+           "| train_inner | epoch 001:  25 / 832 loss=9.1, num_updates=125, wall=0\n"  # killed here
+           "| epoch 001 | loss 9 | num_updates 200 | wall 0\n| fairseq_cli.train | done training in 99.6 seconds\n")
+    assert depth_regime.train_seconds(log) == 220
+
+
 def test_the_next_run_starts_when_any_run_finishes_not_when_its_batch_does(monkeypatch, tmp_path):
     """Two at a time, three runs: the first waits for the third to start, which only a free slot
     left by the second allows (a batch of two would wait for the first: the guard's timeout)."""

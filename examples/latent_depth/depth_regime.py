@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from fairseq_widearch.experiments.compare import training_updates, training_wall_seconds
+from fairseq_widearch.experiments.compare import training_updates
 from fairseq_widearch.experiments.scoring import BIN, USER_DIR, corpus_bleu, generate
 from head_to_head import PAIRS, posterior  # this directory's head-to-head: the same pairs and posterior
 
@@ -123,6 +123,13 @@ def loss_curve(log: str, field: str = "loss") -> list:
     return sorted(curve.items())
 
 
+def train_seconds(log: str) -> int:
+    """Seconds of training over the fairseq-train invocations of ``log`` that finished ("done
+    training in"; one killed before it and resumed is not counted). fairseq's own ``wall`` meter
+    restarts at 0 in a resumed run and its epoch summaries say 0 there."""
+    return round(sum(float(s) for s in re.findall(r"done training in ([\d.]+) seconds", log)))
+
+
 def divergence(curve: list, failed: bool, max_update: int) -> str:
     """The reason a run diverged (module docstring), or '' if it trained."""
     if failed or any(isinstance(loss, str) for _, loss in curve):
@@ -165,7 +172,7 @@ def run_one(args, system: str, seed: int) -> dict:
     row = {"system": system, "setting": args.setting, "seed": seed, "max_update": args.max_update,
            # fairseq's end-of-epoch summary, absent when training stopped on an error
            "updates": training_updates(log) if EPOCH_SUMMARY.search(log) else (curve[-1][0] if curve else 0),
-           "train_wall_s": round(training_wall_seconds(log)) if EPOCH_SUMMARY.search(log) else None,
+           "train_wall_s": train_seconds(log),
            "diverged": bool(reason), "divergence": reason or None, "loss_curve": curve,
            "date": datetime.date.today().isoformat(), "device": args.device, "cpu_threads": 1}
     if system.startswith("lld"):  # its loss adds the KL and depth terms, whose weights ramp up
@@ -174,7 +181,7 @@ def run_one(args, system: str, seed: int) -> dict:
     if proc.returncode == 0:
         last = save / "checkpoint_last.pt"
         row["q_decoder"] = posterior(last) if system.startswith("lld") else []
-        if args.decode and not reason:
+        if args.decode:  # a diverged run too: its BLEU says how little it learnt
             row["bleu"] = decode(args, system, last, save)
     return row
 
