@@ -274,7 +274,13 @@ def figure(args):
     rows = [json.loads(line) for line in args.gradients_results.read_text().splitlines()]
     updates = sorted({r["update"] for r in rows})
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(updates), figsize=(5 * len(updates), 4), squeeze=False, sharey=True)
+    columns = min(3, len(updates))
+    rows_of_panels = -(-len(updates) // columns)
+    fig, axes = plt.subplots(rows_of_panels, columns, figsize=(5 * columns, 4 * rows_of_panels), squeeze=False,
+                             sharey=True)
+    axes = axes.reshape(1, -1)
+    for unused in axes[0][len(updates):]:
+        unused.set_visible(False)
     # one colour per system and setting in every panel, though a panel may lack some of them
     colours = {key: f"C{i}" for i, key in enumerate(sorted({(r["system"], r["setting"]) for r in rows}))}
     for ax, update in zip(axes[0], updates):
