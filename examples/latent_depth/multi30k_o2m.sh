@@ -119,7 +119,8 @@ updates() {
     "$PY" -c "import sys, torch; print(torch.load(sys.argv[1], map_location='cpu', weights_only=False)['optimizer_history'][-1]['num_updates'])" "$SAVE/checkpoint_last.pt"
   else echo 0; fi
 }
-# fairseq-train resumed from a checkpoint that has reached --max-update trains one update more: skip it
+# a checkpoint that has reached --max-update needs no fairseq-train start-up (which trains nothing then:
+# README, "A finished run stays finished")
 if [ "$(updates)" -lt "$MAX_UPDATE" ]; then
   echo "| training $NAME to $MAX_UPDATE updates (resumes from $SAVE/checkpoint_last.pt if present)"
   run_fairseq train "$WORK/data/bin" --user-dir "$USER_DIR" "${TASK[@]}" "${PAIRS[@]}" "${TRAIN[@]}" \
