@@ -4,8 +4,8 @@ Importing this package (``--user-dir fairseq_widearch``) registers every model, 
 preset, criterion and task, lets torch >= 2.6 load fairseq checkpoints safely
 (:mod:`fairseq_widearch.checkpoint_loading`), and fixes fairseq's silent errors
 (:mod:`fairseq_widearch.fairseq_fixes`: every sentence batched, no auxiliary loss dropped,
-``--patience`` kept across a resumed run, no update past ``--max-update`` on a rerun, ``--amp``'s loss-scale flags obeyed, ``--bf16`` without a
-TPU, in training and decoding).
+``--patience`` kept across a resumed run, no update past ``--max-update`` on a rerun, ``--amp``'s
+loss-scale flags obeyed, ``--bf16`` without a TPU, in training and decoding).
 """
 from .checkpoint_loading import allow_fairseq_checkpoint_globals, name_unreadable_checkpoints
 from .fairseq_fixes import (amp_loss_scaler_flags, bf16_inference, bf16_without_tpu, finished_runs_stay_finished,

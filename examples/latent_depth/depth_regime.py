@@ -149,8 +149,8 @@ def decode(args, system: str, checkpoint: Path, out_dir: Path) -> dict:
         overrides = [] if mode == "static" else ["--model-overrides", repr({"latent_inference": mode})]
         for tgt in PAIRS:
             out = out_dir / f"generate-{mode}-en-{tgt}.txt"
-            generate(args.data / "bin", checkpoint, out, args.data / "bpe" / "codes", 5, 1.0, *TASK, *MAX_LEN, *overrides,
-                     target_lang=tgt, cpu=args.device == "cpu")
+            generate(args.data / "bin", checkpoint, out, args.data / "bpe" / "codes", 5, 1.0, *TASK, *MAX_LEN,
+                     *overrides, target_lang=tgt, cpu=args.device == "cpu")
             score, _ = corpus_bleu(out, args.data / f"test.ref.{tgt}")
             scores.setdefault(mode, {})[tgt] = round(score.score, 2)
     return scores
@@ -278,12 +278,12 @@ def figure(args):
     rows_of_panels = -(-len(updates) // columns)
     fig, axes = plt.subplots(rows_of_panels, columns, figsize=(5 * columns, 4 * rows_of_panels), squeeze=False,
                              sharey=True)
-    axes = axes.reshape(1, -1)
-    for unused in axes[0][len(updates):]:
+    axes = axes.flatten()
+    for unused in axes[len(updates):]:
         unused.set_visible(False)
     # one colour per system and setting in every panel, though a panel may lack some of them
     colours = {key: f"C{i}" for i, key in enumerate(sorted({(r["system"], r["setting"]) for r in rows}))}
-    for ax, update in zip(axes[0], updates):
+    for ax, update in zip(axes, updates):
         here = [r for r in rows if r["update"] == update]
         for key in sorted({(r["system"], r["setting"]) for r in here}):
             runs = [r["decoder_layer_grad_norms"] for r in here if (r["system"], r["setting"]) == key]
@@ -294,8 +294,8 @@ def figure(args):
         ax.set_yscale("log")
         ax.set_title("initialisation" if update == 0 else f"update {update}")
         ax.set_xlabel("decoder layer (1 = bottom)")
-    axes[0][0].set_ylabel("gradient norm of the layer's parameters")
-    axes[0][0].legend()
+    axes[0].set_ylabel("gradient norm of the layer's parameters")
+    axes[0].legend()
     save(fig, args.out)
 
 
