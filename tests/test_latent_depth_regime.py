@@ -109,19 +109,21 @@ def test_a_cuda_run_trains_on_fairseqs_default_device_with_the_same_flags(tmp_pa
     assert "--cpu" in cpu and [c for c in cpu if c != "--cpu"] == cuda
 
 
-@pytest.mark.parametrize("setting, changed", [
-    ("lr_div4", {"--lr": "0.000375"}), ("dropout_01", {"--dropout": "0.1", "--attention-dropout": "0.1"}),
-    ("encoder_6", {"--encoder-layers": "6"}), ("warmup_div8", {"--warmup-updates": "125"}),
+@pytest.mark.parametrize("setting, parent, changed", [
+    ("lr_div4", "released", {"--lr": "0.000375"}),
+    ("dropout_01", "released", {"--dropout": "0.1", "--attention-dropout": "0.1"}),
+    ("encoder_6", "released", {"--encoder-layers": "6"}), ("warmup_div8", "released", {"--warmup-updates": "125"}),
+    ("dropout_01_lr_div2", "dropout_01", {"--lr": "0.00075"}),
 ])
 @pytest.mark.parametrize("system", ["static_24", "lld_24"])
-def test_each_setting_changes_one_thing_of_the_released_run(tmp_path, system, setting, changed):
+def test_each_setting_changes_one_thing_of_its_parent(tmp_path, system, setting, parent, changed):
     def flags(name):
         args = Namespace(setting=name, data=tmp_path, max_update=2000, work_dir=tmp_path, device="cpu")
         command = [str(c) for c in depth_regime.train_command(args, system, 1, tmp_path)]
         return {flag: value for flag, value in zip(command, command[1:] + [""]) if flag.startswith("--")}
 
-    released, other = flags("released"), flags(setting)
-    assert {flag for flag in released if released[flag] != other.get(flag)} == set(changed)
+    base, other = flags(parent), flags(setting)
+    assert {flag for flag in base if base[flag] != other.get(flag)} == set(changed)
     assert {flag: other[flag] for flag in changed} == changed
 
 

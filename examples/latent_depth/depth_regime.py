@@ -72,9 +72,11 @@ RELEASED = {"lr": "0.0015", "warmup_updates": "1000", "kl_anneal_updates": "625"
 #: ratio, 2,048 / 32,768 tokens per update), dropout_01 (dropout and attention dropout 0.1, the
 #: head-to-head's, for a body 4x narrower than the README's), encoder_6 (a 6-layer post-norm encoder:
 #: 12 post-norm layers may be what keeps even static 12/12 at the token-frequency level), for where
-#: every decoder fails at the released one
+#: every decoder fails at the released one; dropout_01_lr_div2, one change from dropout_01 (half its
+#: lr), where static 12/12 learnt below the token-frequency level and then diverged at the peak lr
 SETTINGS = {"released": {}, "lr_x2": {"lr": "0.003"}, "warmup_div8": {"warmup_updates": "125"},
             "lr_div4": {"lr": "0.000375"}, "dropout_01": {"dropout": "0.1"}, "encoder_6": {"encoder_layers": "6"}}
+SETTINGS["dropout_01_lr_div2"] = {**SETTINGS["dropout_01"], "lr": "0.00075"}
 INTERVAL = 250
 #: fairseq-generate's length limit, 1.5 x source + 10 BPE tokens (32 on average) instead of its 200:
 #: every reference of the three test sets ends at least 5 tokens below it, and a model that failed to
