@@ -2,6 +2,7 @@
 fixed before the runs, a run's row, and Fig. 2's per-layer gradient norms."""
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -173,3 +174,20 @@ def test_every_pair_and_selection_decodes_with_the_studys_length_limit(monkeypat
         flags = [str(a) for a in positional]
         i = flags.index("--max-len-a")
         assert flags[i:i + 4] == ["--max-len-a", "1.5", "--max-len-b", "10"]
+
+
+def test_a_resumed_decode_keeps_only_whole_outputs_written_after_the_checkpoint(monkeypatch, tmp_path):
+    """A run stopped while decoding resumes at its first unfinished pair, and never scores an output
+    of an earlier state of its checkpoint."""
+    calls = []
+    monkeypatch.setattr(depth_regime, "generate", lambda data, ckpt, out, *a, **k: calls.append(out.name))
+    monkeypatch.setattr(depth_regime, "corpus_bleu", lambda out, ref: (Namespace(score=1.0), "sig"))
+    checkpoint = tmp_path / "checkpoint_last.pt"
+    checkpoint.write_bytes(b"")
+    whole = "S-0\tein Satz\nD-0\t-1.0\tein Satz\nGenerate test with beam=5: BLEU4 = 0.00\n"
+    (tmp_path / "generate-static-en-de.txt").write_text(whole)                 # whole, after: kept
+    (tmp_path / "generate-static-en-fr.txt").write_text(whole.rsplit("Gen", 1)[0])  # cut off: again
+    (tmp_path / "generate-static-en-cs.txt").write_text(whole)                 # before the checkpoint: again
+    os.utime(tmp_path / "generate-static-en-cs.txt", (0, 0))
+    depth_regime.decode(Namespace(data=tmp_path, device="cpu"), "static_12", checkpoint, tmp_path)
+    assert calls == ["generate-static-en-fr.txt", "generate-static-en-cs.txt"]

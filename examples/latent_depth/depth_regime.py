@@ -156,6 +156,16 @@ def divergence(curve: list, failed: bool, max_update: int) -> str:
     return "" if statistics.mean(last) < tenth[-1] else "no progress after the first tenth"
 
 
+def decoded(out: Path, checkpoint: Path) -> bool:
+    """Whether ``out`` is a whole fairseq-generate output (its closing BLEU line) of ``checkpoint`` as
+    it is now (written after it): a decode of a failed model takes up to 30 minutes on one core, so
+    a run stopped while decoding resumes at its first unfinished pair."""
+    if not out.exists() or out.stat().st_mtime < checkpoint.stat().st_mtime:
+        return False
+    lines = out.read_text(encoding="utf-8", errors="replace").splitlines()
+    return bool(lines) and lines[-1].startswith("Generate test with beam=")
+
+
 def decode(args, system: str, checkpoint: Path, out_dir: Path) -> dict:
     """sacreBLEU per decoding mode and pair of ``checkpoint`` on test_2016."""
     modes = ["soft", "hard"] if system.startswith("lld") else ["static"]
@@ -164,8 +174,9 @@ def decode(args, system: str, checkpoint: Path, out_dir: Path) -> dict:
         overrides = [] if mode == "static" else ["--model-overrides", repr({"latent_inference": mode})]
         for tgt in PAIRS:
             out = out_dir / f"generate-{mode}-en-{tgt}.txt"
-            generate(args.data / "bin", checkpoint, out, args.data / "bpe" / "codes", 5, 1.0, *TASK, *MAX_LEN,
-                     *overrides, target_lang=tgt, cpu=args.device == "cpu")
+            if not decoded(out, checkpoint):
+                generate(args.data / "bin", checkpoint, out, args.data / "bpe" / "codes", 5, 1.0, *TASK, *MAX_LEN,
+                         *overrides, target_lang=tgt, cpu=args.device == "cpu")
             score, _ = corpus_bleu(out, args.data / f"test.ref.{tgt}")
             scores.setdefault(mode, {})[tgt] = round(score.score, 2)
     return scores
