@@ -33,7 +33,8 @@ trained, sacreBLEU per pair of its last checkpoint (beam 5, length penalty 1, ou
 decoded ``soft`` and ``hard``. A latent row adds its translation term's curve (``ce_loss_curve``)
 and the rule's verdict on it (``divergence_ce``): its loss adds the KL and depth terms, whose
 weights ramp up over the KL ramp, so that the total rises by design. Runs resume from their
-``checkpoint_last.pt`` and their decoding at its first unfinished output; interval checkpoints every 250 updates feed ``gradients``.
+``checkpoint_last.pt`` and their decoding at its first unfinished output; interval checkpoints
+every 250 updates feed ``gradients``.
 
 ``gradients``: Fig. 2's measurement, the gradient norm of each decoder layer's parameters (mean over
 8 fixed validation batches, training mode with dropout, the run's own loss at that update) at
