@@ -10,7 +10,7 @@ settings of fairseq's ``examples/latent_depth`` README as far as they carry over
     python examples/latent_depth/depth_regime.py gradients [--systems static_24,lld_24] [--seeds 1]
         [--updates 0,250,1000,2000] [--gradients-results docs/data/latent_depth_gradients.jsonl]
     python examples/latent_depth/depth_regime.py figure [--gradients-results ...] [--out docs/img/latent_depth_gradients.png]
-    python examples/latent_depth/depth_regime.py curves [--results ...] [--systems static_100,lld_100]
+    python examples/latent_depth/depth_regime.py curves [--results ...] [--systems static_100,lld_100] [--frequency-level 8.96]
         [--out docs/img/latent_depth_curves.png]
 
 Systems: ``static_D`` is fairseq's post-norm ``transformer_iwslt_de_en`` with a D-layer decoder;
@@ -333,9 +333,10 @@ def translation_curve(row: dict) -> list:
 
 
 def curves(args):
-    """Training loss against updates of every row of ``--systems`` in ``--results`` (one line per
-    run, a diverged run's ending in an x at its last finite loss; a latent model's translation term,
-    without its KL and depth terms): Fig. 3's comparison.
+    """Training loss against updates of every row of ``--systems`` in ``--results``: one panel per
+    setting (in :data:`SETTINGS`' order), one line per run, a diverged run's ending in an x at its
+    last finite loss, a latent model's translation term without its KL and depth terms, and the
+    token-frequency level ``--frequency-level`` as a dashed line if given: Fig. 3's comparison.
 
     Raises:
         SystemExit: if ``--results`` has no row of ``--systems``."""
@@ -343,20 +344,26 @@ def curves(args):
     rows = [r for r in map(json.loads, args.results.read_text().splitlines()) if r["system"] in args.systems]
     if not rows:
         raise SystemExit(f"no rows of {','.join(args.systems)} in {args.results}")
+    settings = [s for s in SETTINGS if any(r["setting"] == s for r in rows)]
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    colours = {}
-    for row in rows:
-        finite = [(u, loss) for u, loss in translation_curve(row) if not isinstance(loss, str)] or [(0, float("nan"))]
-        key = (row["system"], row["setting"])
-        line, = ax.plot(*zip(*finite), color=colours.get(key), alpha=0.8,
-                        label=None if key in colours else " ".join(key))
-        colours[key] = line.get_color()
-        if row["diverged"]:
-            ax.plot(*finite[-1], "x", color=line.get_color(), markersize=10)
-    ax.set_xlabel("update")
-    ax.set_ylabel("label-smoothed cross-entropy (bits per token)")
-    ax.legend()
+    fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 4), squeeze=False, sharey=True)
+    colours = {system: f"C{i}" for i, system in enumerate(args.systems)}  # one per system in every panel
+    for ax, setting in zip(axes[0], settings):
+        labelled = set()
+        for row in (r for r in rows if r["setting"] == setting):
+            finite = [(u, loss) for u, loss in translation_curve(row) if not isinstance(loss, str)] or [(0, float("nan"))]
+            colour = colours[row["system"]]
+            ax.plot(*zip(*finite), color=colour, alpha=0.8, label=None if row["system"] in labelled else row["system"])
+            labelled.add(row["system"])
+            if row["diverged"]:
+                ax.plot(*finite[-1], "x", color=colour, markersize=10)
+        if args.frequency_level:
+            ax.axhline(args.frequency_level, color="grey", linestyle="--", linewidth=1,
+                       label="token frequencies only")
+        ax.set_title(setting)
+        ax.set_xlabel("update")
+        ax.legend()
+    axes[0][0].set_ylabel("label-smoothed cross-entropy (bits per token)")
     save(fig, args.out)
 
 
@@ -372,6 +379,9 @@ def main(argv=None):
                    help="where the runs train and decode (cuda: every job on the one GPU); the same "
                         "settings either way (gradients: on the CPU)")
     p.add_argument("--decode", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--frequency-level", type=float,
+                   help="curves: the loss of a model that knows only each target language's token "
+                        "frequencies (bits per token; docs/claims.md gives the command), drawn dashed")
     p.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "depth")
     p.add_argument("--data", type=Path, help="the prepared one-to-many data (bin/, bpe/codes, test.ref.*; "
                                              "examples/multi30k/prepare.py --tgt de,fr,cs); default WORK/data, "
