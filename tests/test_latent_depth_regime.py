@@ -60,16 +60,43 @@ def test_the_next_run_starts_when_any_run_finishes_not_when_its_batch_does(monke
         if system == "static_3":
             third_started.set()
         waited = third_started.wait(timeout=30) if system == "static_1" else True
-        return {"system": system, "seed": seed, "divergence": None if waited else "third never started"}
+        return {"system": system, "setting": "released", "seed": seed,
+                "divergence": None if waited else "third never started"}
 
     monkeypatch.setattr(depth_regime, "run_one", run_one)
     monkeypatch.setattr(depth_regime, "prepare", lambda args: None)
     results = tmp_path / "rows.jsonl"
     depth_regime.run(Namespace(systems=["static_1", "static_2", "static_3"], seeds=[1], setting="released",
-                               jobs=2, results=results))
+                               jobs=2, results=results, decode=True))
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert rows[0]["system"] == "static_2" and len(rows) == 3  # each written as it finished
     assert all(r["divergence"] is None for r in rows)
+
+
+def test_a_run_written_without_bleu_is_decoded_later_and_its_row_replaced(monkeypatch, tmp_path):
+    """``--no-decode`` rows of finished runs are decoded by a later ``run`` (and only by one that
+    decodes); a failed run (no posterior, no checkpoint) and a decoded one are not run again."""
+    started = []
+
+    def run_one(args, system, seed):
+        started.append(system)
+        return {"system": system, "setting": "released", "seed": seed, "divergence": None, "q_decoder": [],
+                "bleu": {"static": {}}}
+
+    monkeypatch.setattr(depth_regime, "run_one", run_one)
+    monkeypatch.setattr(depth_regime, "prepare", lambda args: None)
+    results = tmp_path / "rows.jsonl"
+    written = [("static_1", {"q_decoder": []}), ("static_2", {"q_decoder": [], "bleu": {}}), ("static_3", {})]
+    results.write_text("".join(json.dumps({"system": s, "setting": "released", "seed": 1, **extra}) + "\n"
+                               for s, extra in written))
+    systems = ["static_1", "static_2", "static_3"]
+    depth_regime.run(Namespace(systems=systems, seeds=[1], setting="released", jobs=1, results=results, decode=False))
+    assert started == []
+    depth_regime.run(Namespace(systems=systems, seeds=[1], setting="released", jobs=1, results=results, decode=True))
+    assert started == ["static_1"]
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["system"] for r in rows] == ["static_2", "static_3", "static_1"]  # one row per run
+    assert rows[-1]["bleu"] == {"static": {}}
 
 
 @pytest.mark.slow

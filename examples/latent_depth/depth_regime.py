@@ -33,8 +33,9 @@ trained, sacreBLEU per pair of its last checkpoint (beam 5, length penalty 1, ou
 decoded ``soft`` and ``hard``. A latent row adds its translation term's curve (``ce_loss_curve``)
 and the rule's verdict on it (``divergence_ce``): its loss adds the KL and depth terms, whose
 weights ramp up over the KL ramp, so that the total rises by design. Runs resume from their
-``checkpoint_last.pt`` and their decoding at its first unfinished output; interval checkpoints
-every 250 updates feed ``gradients``.
+``checkpoint_last.pt`` and their decoding at its first unfinished output; a row written with
+``--no-decode`` is decoded, and replaced, by a later ``run``. Interval checkpoints every 250
+updates feed ``gradients``.
 
 ``gradients``: Fig. 2's measurement, the gradient norm of each decoder layer's parameters (mean over
 8 fixed validation batches, training mode with dropout, the run's own loss at that update) at
@@ -213,10 +214,24 @@ def run_one(args, system: str, seed: int) -> dict:
     return row
 
 
-def done(results: Path) -> set:
-    if not results.exists():
-        return set()
-    return {(r["system"], r["setting"], r["seed"]) for r in map(json.loads, results.read_text().splitlines())}
+def read_rows(results: Path) -> list:
+    return [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+
+
+def key(row: dict) -> tuple:
+    return row["system"], row["setting"], row["seed"]
+
+
+def done(results: Path, decode: bool) -> set:
+    """The runs whose row is final: every row, but with ``decode`` not a finished run's row that was
+    written without BLEU (``--no-decode``, e.g. at the end of a session), which is decoded again."""
+    return {key(r) for r in read_rows(results) if not (decode and "q_decoder" in r and "bleu" not in r)}
+
+
+def write_row(results: Path, row: dict):
+    """Append ``row``, replacing an earlier row of its run (one written without BLEU)."""
+    kept = [r for r in read_rows(results) if key(r) != key(row)]
+    results.write_text("".join(json.dumps(r) + "\n" for r in [*kept, row]))
 
 
 def prepare(args):
@@ -226,16 +241,16 @@ def prepare(args):
 
 
 def run(args):
-    """Every run of ``--systems`` x ``--seeds`` without a row yet, ``--jobs`` at a time: the next one
-    starts as soon as any finishes (the runs of a pair take unequal times), its row written then."""
+    """Every run of ``--systems`` x ``--seeds`` without a final row yet (:func:`done`), ``--jobs`` at a
+    time: the next one starts as soon as any finishes (the runs of a pair take unequal times), its
+    row written then."""
     todo = [(s, seed) for seed in args.seeds for s in args.systems
-            if (s, args.setting, seed) not in done(args.results)]
+            if (s, args.setting, seed) not in done(args.results, args.decode)]
     prepare(args)
     with ThreadPoolExecutor(args.jobs) as pool:
         for future in as_completed([pool.submit(run_one, args, s, seed) for s, seed in todo]):
             row = future.result()
-            with open(args.results, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            write_row(args.results, row)
             print(f"| {time.strftime('%H:%M')} {row['system']} seed {row['seed']}: "
                   f"{row['divergence'] or 'trained'}, BLEU {row.get('bleu')}", flush=True)
 
