@@ -176,8 +176,8 @@ def test_the_loss_curves_draw_one_panel_per_setting_and_refuse_a_file_without_th
             if not line.get_label().startswith("_"):
                 colours.setdefault(line.get_label(), []).append(line.get_color())
     pyplot.close("all")
-    assert set(colours) == {"lld_100", "static_100", "token frequencies only"}
-    assert len(colours["token frequencies only"]) == 2  # in each panel
+    assert set(colours) == {"lld_100", "static_100", "token frequencies only (an nll)"}
+    assert len(colours["token frequencies only (an nll)"]) == 2  # in each panel
     assert len(colours["lld_100"]) == 2 and len(set(colours["lld_100"])) == 1  # one colour in both panels
     assert colours["lld_100"][0] != colours["static_100"][0]
     # a latent row's translation term, without the KL and depth terms its loss adds

@@ -374,7 +374,7 @@ def curves(args):
                 ax.plot(*finite[-1], "x", color=colour, markersize=10)
         if args.frequency_level:
             ax.axhline(args.frequency_level, color="grey", linestyle="--", linewidth=1,
-                       label="token frequencies only")
+                       label="token frequencies only (an nll)")
         ax.set_title(setting)
         ax.set_xlabel("update")
         ax.legend()
