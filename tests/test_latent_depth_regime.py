@@ -158,10 +158,14 @@ def test_each_setting_changes_one_thing_of_its_parent(tmp_path, system, setting,
 def test_the_loss_curves_draw_one_panel_per_setting_and_refuse_a_file_without_the_systems(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"system": system, "setting": setting, "seed": 1, "diverged": diverged,
-                                        "loss_curve": curve}) + "\n" for system, setting, diverged, curve in [
+                                        "loss_curve": curve,
+                                        **({"ce_loss_curve": [[25, 12.0], [50, 9.0]], "divergence_ce": None}
+                                           if setting == "lr_x2" else {})}) + "\n"
+                            for system, setting, diverged, curve in [
         ("static_100", "dropout_01", True, [[25, 12.0], [50, 11.0], [75, "nan"]]),
         ("lld_100", "dropout_01", False, [[25, 12.0], [50, 9.0]]),
         ("lld_100", "released", False, [[25, 12.0], [50, 9.5]]),
+        ("lld_100", "lr_x2", True, [[25, 12.0], [50, 12.5]]),  # its whole loss diverged, not its translation term
         ("static_12", "released", False, [[25, 12.0]])]))
     png = tmp_path / "curves.png"
     depth_regime.main(["curves", "--results", str(rows), "--systems", "static_100,lld_100", "--out", str(png),
@@ -169,7 +173,9 @@ def test_the_loss_curves_draw_one_panel_per_setting_and_refuse_a_file_without_th
     assert png.read_bytes().startswith(b"\x89PNG")
     from matplotlib import pyplot
     axes = pyplot.gcf().axes
-    assert [ax.get_title() for ax in axes] == ["released", "dropout_01"]  # SETTINGS' order
+    assert [ax.get_title() for ax in axes] == ["released", "lr_x2", "dropout_01"]  # SETTINGS' order
+    markers = [[line.get_marker() for line in ax.lines] for ax in axes]
+    assert "x" in markers[2] and "x" not in markers[1]  # static_100's nan; not lr_x2's whole loss
     colours = {}
     for ax in axes:
         for line in ax.lines:
@@ -177,8 +183,8 @@ def test_the_loss_curves_draw_one_panel_per_setting_and_refuse_a_file_without_th
                 colours.setdefault(line.get_label(), []).append(line.get_color())
     pyplot.close("all")
     assert set(colours) == {"lld_100", "static_100", "token frequencies only (an nll)"}
-    assert len(colours["token frequencies only (an nll)"]) == 2  # in each panel
-    assert len(colours["lld_100"]) == 2 and len(set(colours["lld_100"])) == 1  # one colour in both panels
+    assert len(colours["token frequencies only (an nll)"]) == 3  # in each panel
+    assert len(colours["lld_100"]) == 3 and len(set(colours["lld_100"])) == 1  # one colour in every panel
     assert colours["lld_100"][0] != colours["static_100"][0]
     # a latent row's translation term, without the KL and depth terms its loss adds
     assert depth_regime.translation_curve({"loss_curve": [[25, 12.5]], "ce_loss_curve": [[25, 12.0]]}) == [[25, 12.0]]

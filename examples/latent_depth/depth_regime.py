@@ -350,7 +350,7 @@ def translation_curve(row: dict) -> list:
 def curves(args):
     """Training loss against updates of every row of ``--systems`` in ``--results``: one panel per
     setting (in :data:`SETTINGS`' order), one line per run, a diverged run's ending in an x at its
-    last finite loss, a latent model's translation term without its KL and depth terms, and the
+    last finite loss (a latent run's by its translation term's verdict), a latent model's translation term without its KL and depth terms, and the
     token-frequency level ``--frequency-level`` as a dashed line if given: Fig. 3's comparison.
 
     Raises:
@@ -370,7 +370,8 @@ def curves(args):
             colour = colours[row["system"]]
             ax.plot(*zip(*finite), color=colour, alpha=0.8, label=None if row["system"] in labelled else row["system"])
             labelled.add(row["system"])
-            if row["diverged"]:
+            # the rule's verdict on the curve drawn (a latent row's ``diverged`` judges its whole loss)
+            if row["divergence_ce"] if "ce_loss_curve" in row else row["diverged"]:
                 ax.plot(*finite[-1], "x", color=colour, markersize=10)
         if args.frequency_level:
             ax.axhline(args.frequency_level, color="grey", linestyle="--", linewidth=1,
