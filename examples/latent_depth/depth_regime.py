@@ -10,8 +10,8 @@ settings of fairseq's ``examples/latent_depth`` README as far as they carry over
     python examples/latent_depth/depth_regime.py gradients [--systems static_24,lld_24] [--seeds 1]
         [--updates 0,250,1000,2000] [--gradients-results docs/data/latent_depth_gradients.jsonl]
     python examples/latent_depth/depth_regime.py figure [--gradients-results ...] [--out docs/img/latent_depth_gradients.png]
-    python examples/latent_depth/depth_regime.py curves [--results ...] [--systems static_100,lld_100] [--frequency-level 8.96]
-        [--out docs/img/latent_depth_curves.png]
+    python examples/latent_depth/depth_regime.py curves [--results ...] [--systems static_100,lld_100]
+        [--frequency-level 8.96] [--out docs/img/latent_depth_curves.png]
 
 Systems: ``static_D`` is fairseq's post-norm ``transformer_iwslt_de_en`` with a D-layer decoder;
 ``lld_D`` our ``latent_depth_transformer_o2m_12_24`` (post-norm, the released layer) with D latent
@@ -215,10 +215,12 @@ def run_one(args, system: str, seed: int) -> dict:
 
 
 def read_rows(results: Path) -> list:
+    """The JSON rows of ``results`` (none if it does not exist)."""
     return [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
 
 
 def key(row: dict) -> tuple:
+    """A row's run: (system, setting, seed)."""
     return row["system"], row["setting"], row["seed"]
 
 
@@ -313,7 +315,7 @@ def figure(args):
     """Fig. 2's plot: each decoder layer's gradient norm (log scale; the mean over seeds, dots per
     seed), one panel per update point, one line per system and setting."""
     from fairseq_widearch.cli.plotting import pyplot
-    rows = [json.loads(line) for line in args.gradients_results.read_text().splitlines()]
+    rows = read_rows(args.gradients_results)
     updates = sorted({r["update"] for r in rows})
     plt = pyplot()
     columns = min(3, len(updates))
@@ -347,16 +349,22 @@ def translation_curve(row: dict) -> list:
     return row.get("ce_loss_curve") or row["loss_curve"]
 
 
+def translation_diverged(row: dict) -> bool:
+    """The rule's verdict on :func:`translation_curve` (a latent row's ``diverged`` judges its whole
+    loss, ``divergence_ce`` its translation term)."""
+    return bool(row["divergence_ce"]) if "ce_loss_curve" in row else row["diverged"]
+
+
 def curves(args):
     """Training loss against updates of every row of ``--systems`` in ``--results``: one panel per
-    setting (in :data:`SETTINGS`' order), one line per run, a diverged run's ending in an x at its
-    last finite loss (a latent run's by its translation term's verdict), a latent model's translation term without its KL and depth terms, and the
-    token-frequency level ``--frequency-level`` as a dashed line if given: Fig. 3's comparison.
+    setting (in :data:`SETTINGS`' order), one line per run (:func:`translation_curve`), a diverged
+    one (:func:`translation_diverged`) ending in an x at its last finite loss, and the token-frequency
+    level ``--frequency-level`` as a dashed line if given: Fig. 3's comparison.
 
     Raises:
         SystemExit: if ``--results`` has no row of ``--systems``."""
     from fairseq_widearch.cli.plotting import pyplot
-    rows = [r for r in map(json.loads, args.results.read_text().splitlines()) if r["system"] in args.systems]
+    rows = [r for r in read_rows(args.results) if r["system"] in args.systems]
     if not rows:
         raise SystemExit(f"no rows of {','.join(args.systems)} in {args.results}")
     settings = [s for s in SETTINGS if any(r["setting"] == s for r in rows)]
@@ -366,12 +374,12 @@ def curves(args):
     for ax, setting in zip(axes[0], settings):
         labelled = set()
         for row in (r for r in rows if r["setting"] == setting):
-            finite = [(u, loss) for u, loss in translation_curve(row) if not isinstance(loss, str)] or [(0, float("nan"))]
+            finite = ([(u, loss) for u, loss in translation_curve(row) if not isinstance(loss, str)]
+                      or [(0, float("nan"))])
             colour = colours[row["system"]]
             ax.plot(*zip(*finite), color=colour, alpha=0.8, label=None if row["system"] in labelled else row["system"])
             labelled.add(row["system"])
-            # the rule's verdict on the curve drawn (a latent row's ``diverged`` judges its whole loss)
-            if row["divergence_ce"] if "ce_loss_curve" in row else row["diverged"]:
+            if translation_diverged(row):
                 ax.plot(*finite[-1], "x", color=colour, markersize=10)
         if args.frequency_level:
             ax.axhline(args.frequency_level, color="grey", linestyle="--", linewidth=1,
