@@ -211,18 +211,19 @@ def test_the_gradients_figure_keeps_each_systems_colour_in_panels_that_lack_anot
     assert all(len(c) == 1 for c in colours.values()), colours
 
 
-def test_every_pair_and_selection_decodes_with_the_studys_length_limit(monkeypatch, tmp_path):
+def test_every_pair_decodes_with_the_studys_length_limit_and_a_latent_model_soft(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(depth_regime, "generate", lambda *args, **kwargs: calls.append((args, kwargs)))
     monkeypatch.setattr(depth_regime, "corpus_bleu", lambda out, ref: (Namespace(score=12.345), "sig"))
     args = Namespace(data=tmp_path, device="cpu")
     scores = depth_regime.decode(args, "lld_24", tmp_path / "checkpoint_last.pt", tmp_path)
-    assert scores == {mode: {tgt: 12.35 for tgt in ("de", "fr", "cs")} for mode in ("soft", "hard")}
-    assert len(calls) == 6
+    assert scores == {"soft": {tgt: 12.35 for tgt in ("de", "fr", "cs")}}
+    assert len(calls) == 3
     for positional, _ in calls:
         flags = [str(a) for a in positional]
         i = flags.index("--max-len-a")
         assert flags[i:i + 4] == ["--max-len-a", "1.5", "--max-len-b", "10"]
+        assert flags[flags.index("--model-overrides") + 1] == repr({"latent_inference": "soft"})
 
 
 def test_a_resumed_decode_keeps_only_whole_outputs_written_after_the_checkpoint(monkeypatch, tmp_path):
