@@ -241,3 +241,27 @@ def test_a_resumed_decode_keeps_only_whole_outputs_written_after_the_checkpoint(
     os.utime(tmp_path / "generate-static-en-cs.txt", (0, 0))
     depth_regime.decode(Namespace(data=tmp_path, device="cpu"), "static_12", checkpoint, tmp_path)
     assert calls == ["generate-static-en-fr.txt", "generate-static-en-cs.txt"]
+
+
+def test_the_table_averages_seeds_over_the_last_tenth_and_the_pairs_and_judges_gaps_by_the_spread(tmp_path, capsys):
+    def row(system, seed, last, bleu, **extra):
+        curve = [[200, 10.0], [1500, 9.0], [1900, last - 0.1], [2000, last + 0.1]]  # the last tenth: 1,801-2,000
+        mode = "soft" if system.startswith("lld") else "static"
+        return {"system": system, "setting": "dropout_01", "seed": seed, "max_update": 2000, "diverged": False,
+                "loss_curve": curve, "bleu": {mode: {"de": bleu + 1, "fr": bleu, "cs": bleu - 1}}, **extra}
+    rows = [row("static_6", 1, 6.0, 5.0), row("static_6", 2, 6.2, 6.0),
+            row("lld_12", 1, 7.0, 4.8, ce_loss_curve=[[200, 10.0], [1900, 7.9], [2000, 8.1]], divergence_ce=None),
+            row("lld_12", 2, 7.0, 5.1, ce_loss_curve=[[200, 10.0], [1900, 8.1], [2000, 8.3]], divergence_ce=None),
+            row("static_6", 3, 1.0, 50.0) | {"setting": "released"}]
+    results = tmp_path / "rows.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    depth_regime.main(["table", "--results", str(results), "--setting", "dropout_01", "--systems", "static_6,lld_12"])
+    out = capsys.readouterr().out
+    assert "| static_6 | 1,2 | trained, trained | 6.10 ± 0.14 (6.00-6.20, n = 2) | 6.50 ± 0.71" in out
+    # a latent model's translation term, not its whole loss; its soft BLEU
+    assert "| lld_12 | 1,2 | trained, trained | 8.10 ± 0.14 (8.00-8.20, n = 2) |" in out
+    assert "mean BLEU +0.55 (spread 0.92): within the spread; loss over the last tenth -2.00 (spread 0.28): exceeds" in out
+    undecoded = {k: v for k, v in rows[0].items() if k != "bleu"} | {"seed": 4}  # written with --no-decode
+    results.write_text(results.read_text() + json.dumps(undecoded) + "\n")
+    with pytest.raises(SystemExit, match="static_6 in dropout_01: no rows, or a row without BLEU"):
+        depth_regime.main(["table", "--results", str(results), "--setting", "dropout_01", "--systems", "static_6"])

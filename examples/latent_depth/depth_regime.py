@@ -10,6 +10,7 @@ settings of fairseq's ``examples/latent_depth`` README as far as they carry over
     python examples/latent_depth/depth_regime.py gradients [--systems static_24,lld_24] [--seeds 1]
         [--updates 0,250,1000,2000] [--gradients-results docs/data/latent_depth_gradients.jsonl]
     python examples/latent_depth/depth_regime.py figure [--gradients-results ...] [--out docs/img/latent_depth_gradients.png]
+    python examples/latent_depth/depth_regime.py table --setting dropout_01_lr_div2 --systems static_6,static_12,lld_12
     python examples/latent_depth/depth_regime.py curves [--results ...] [--systems static_100,lld_100]
         [--frequency-level 8.96] [--out docs/img/latent_depth_curves.png]
 
@@ -59,7 +60,7 @@ import torch
 
 from fairseq_widearch.experiments.compare import training_updates
 from fairseq_widearch.experiments.scoring import BIN, USER_DIR, corpus_bleu, generate
-from head_to_head import PAIRS, posterior  # this directory's head-to-head: the same pairs and posterior
+from head_to_head import PAIRS, gap, mean_spread, posterior  # this directory's head-to-head: the same pairs
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ["--task", "translation_multi_simple_epoch", "--lang-pairs", "en-de,en-fr,en-cs", "--encoder-langtok", "tgt",
@@ -395,9 +396,50 @@ def curves(args):
     save(fig, args.out)
 
 
+def last_tenth(row: dict) -> float:
+    """The mean of :func:`translation_curve` over the last tenth of a row's updates (bits per token)."""
+    return statistics.mean(loss for update, loss in translation_curve(row)
+                           if update > row["max_update"] - row["max_update"] // 10)
+
+
+def mean_bleu(row: dict) -> float:
+    """A row's BLEU averaged over the pairs, in its one decoding mode (static, or a latent model's soft)."""
+    (scores,) = row["bleu"].values()
+    return statistics.mean(scores[p] for p in PAIRS)
+
+
+def table(args):
+    """Markdown: one line per system of ``--systems`` in ``--setting``, its seeds' rows averaged (mean
+    ± sd, a diverged run's included: its BLEU says how little it learnt), then every pair of systems'
+    gaps in mean BLEU and last-tenth loss against the seeds' spread (:func:`gap`).
+
+    Raises:
+        SystemExit: if a system has no row in ``--setting``, or a row there has no BLEU yet."""
+    rows = [r for r in read_rows(args.results) if r["setting"] == args.setting]
+    by_system = {s: sorted((r for r in rows if r["system"] == s), key=lambda r: r["seed"]) for s in args.systems}
+    for system, runs in by_system.items():
+        if not runs or any("bleu" not in r for r in runs):
+            raise SystemExit(f"{system} in {args.setting}: no rows, or a row without BLEU (decode it with `run`)")
+    print("| system | seeds | the rule's verdict | mean loss over the last tenth | "
+          + " | ".join(f"BLEU en→{p}" for p in PAIRS) + " | mean BLEU |")
+    print("|---|---|---|---|" + "---|" * (len(PAIRS) + 1))
+    for system, runs in by_system.items():
+        verdicts = ", ".join("diverged" if translation_diverged(r) else "trained" for r in runs)
+        pairs = [mean_spread([next(iter(r["bleu"].values()))[p] for r in runs]) for p in PAIRS]
+        print(f"| {system} | {','.join(str(r['seed']) for r in runs)} | {verdicts} | "
+              f"{mean_spread([last_tenth(r) for r in runs])} | " + " | ".join(pairs)
+              + f" | **{mean_spread([mean_bleu(r) for r in runs])}** |")
+    print()
+    for i, a in enumerate(args.systems):
+        for b in args.systems[i + 1:]:
+            bleu = gap([mean_bleu(r) for r in by_system[a]], [mean_bleu(r) for r in by_system[b]])
+            loss = gap([last_tenth(r) for r in by_system[a]], [last_tenth(r) for r in by_system[b]])
+            print(f"- {a} − {b}: mean BLEU {bleu}; loss over the last tenth {loss}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["run", "gradients", "figure", "curves"])
+    p.add_argument("command", choices=["run", "gradients", "figure", "curves", "table"])
     p.add_argument("--systems", default="static_24,static_12,lld_24", type=lambda s: s.split(","))
     p.add_argument("--seeds", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--setting", default="released", choices=SETTINGS)
@@ -425,7 +467,7 @@ def main(argv=None):
         args.out = ROOT / "docs" / "img" / ("latent_depth_curves.png" if args.command == "curves"
                                             else "latent_depth_gradients.png")
     args.data = args.data or args.work_dir / "data"
-    {"run": run, "gradients": gradients, "figure": figure, "curves": curves}[args.command](args)
+    {"run": run, "gradients": gradients, "figure": figure, "curves": curves, "table": table}[args.command](args)
 
 
 if __name__ == "__main__":
