@@ -115,6 +115,13 @@ def test_a_run_writes_its_row_and_the_gradients_of_every_decoder_layer(multi30k_
     assert "ce_loss_curve" not in rows["static_2"]
     log = (tmp_path / "train-lld_2-released-seed1.log").read_text()
     assert "decoder_normalize_before=False" in log or "'decoder_normalize_before': False" in log
+    # the source's share of each last checkpoint's validation nll: another sentence's source changes it
+    proc = subprocess.run([sys.executable, SCRIPT, "sources", "--systems", "static_2,lld_2", *common],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    use = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["system"] for r in use] == ["static_2", "lld_2"]
+    assert all(0 < r["nll"] < 20 and r["nll_rolled"] != r["nll"] for r in use), use
     # 12 decoder layers: post-norm at 4 the static bottom layer's gradient is not yet starved
     proc = subprocess.run([sys.executable, SCRIPT, "gradients", "--systems", "static_12,lld_12", "--updates", "0",
                            "--gradients-results", grads, *common], capture_output=True, text=True, timeout=900)

@@ -11,6 +11,7 @@ settings of fairseq's ``examples/latent_depth`` README as far as they carry over
         [--updates 0,250,1000,2000] [--gradients-results docs/data/latent_depth_gradients.jsonl]
     python examples/latent_depth/depth_regime.py figure [--gradients-results ...] [--out docs/img/latent_depth_gradients.png]
     python examples/latent_depth/depth_regime.py table --setting dropout_01_lr_div2 --systems static_6,static_12,lld_12
+    python examples/latent_depth/depth_regime.py sources --setting dropout_01_lr_div2 --systems static_12,lld_12
     python examples/latent_depth/depth_regime.py curves [--results ...] [--systems static_100,lld_100]
         [--frequency-level 8.96] [--out docs/img/latent_depth_curves.png]
 
@@ -37,6 +38,9 @@ weights ramp up over the KL ramp, so that the total rises by design. Runs resume
 ``checkpoint_last.pt`` and their decoding at its first unfinished output; a row written with
 ``--no-decode`` is decoded, and replaced, by a later ``run``. Interval checkpoints every 250
 updates feed ``gradients``.
+
+``sources``: each run's validation nll with its own sources and with each batch's sources rolled
+by one (:func:`source_use`), one JSON line per run on stdout.
 
 ``gradients``: Fig. 2's measurement, the gradient norm of each decoder layer's parameters (mean over
 8 fixed validation batches, training mode with dropout, the run's own loss at that update) at
@@ -275,17 +279,26 @@ def build(args, system: str, seed: int):
     return task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
 
 
-def layer_gradient_norms(args, system: str, seed: int, update: int, batches: int = 8) -> list:
-    """Each decoder layer's gradient norm (per target token, as the optimiser sees it), averaged over
-    the first ``batches`` validation batches, in training mode (dropout, z sampled as at ``update``)."""
+def at_update(args, system: str, seed: int, update: int):
+    """(task, model, criterion, the validation batches) of the run at ``update``: its interval
+    checkpoint, ``-1`` its last, 0 the initial weights."""
     task, model, criterion = build(args, system, seed)
     if update:
-        name = run_name(system, args.setting, seed)
-        checkpoint = next((args.work_dir / "checkpoints" / name).glob(f"checkpoint_*_{update}.pt"))
-        model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=False)["model"])
+        save = args.work_dir / "checkpoints" / run_name(system, args.setting, seed)
+        checkpoint = save / "checkpoint_last.pt" if update < 0 else next(save.glob(f"checkpoint_*_{update}.pt"))
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        model.load_state_dict(state["model"])
+        update = update if update > 0 else state["optimizer_history"][-1]["num_updates"]
     model.set_num_updates(update)
     task.load_dataset("valid")
     itr = task.get_batch_iterator(task.dataset("valid"), max_tokens=2048, seed=1).next_epoch_itr(shuffle=False)
+    return task, model, criterion, itr
+
+
+def layer_gradient_norms(args, system: str, seed: int, update: int, batches: int = 8) -> list:
+    """Each decoder layer's gradient norm (per target token, as the optimiser sees it), averaged over
+    the first ``batches`` validation batches, in training mode (dropout, z sampled as at ``update``)."""
+    task, model, criterion, itr = at_update(args, system, seed, update)
     model.train()
     norms = torch.zeros(len(model.decoder.layers))
     for i, sample in zip(range(batches), itr):
@@ -308,6 +321,31 @@ def gradients(args):
                 with open(args.gradients_results, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(f"| {system} seed {seed} update {update}: {row['decoder_layer_grad_norms']}", flush=True)
+
+
+def source_use(args, system: str, seed: int) -> dict:
+    """Validation nll (bits per target token, eval mode: a latent model's own inference) of the run's
+    last checkpoint with each sentence's own source (``nll``) and with the sources of each batch
+    rolled by one sentence (``nll_rolled``): how much of its prediction the source carries, whatever
+    beam search makes of it."""
+    task, model, criterion, itr = at_update(args, system, seed, -1)
+    model.eval()
+    nll, rolled, tokens = 0.0, 0.0, 0
+    with torch.no_grad():
+        for sample in itr:
+            other = {k: v.roll(1, 0) if k in ("src_tokens", "src_lengths") else v
+                     for k, v in sample["net_input"].items()}
+            nll += float(criterion(model, sample)[2]["nll_loss"])
+            rolled += float(criterion(model, {**sample, "net_input": other})[2]["nll_loss"])
+            tokens += int(sample["ntokens"])
+    return {"system": system, "setting": args.setting, "seed": seed,
+            "nll": round(nll / tokens / math.log(2), 3), "nll_rolled": round(rolled / tokens / math.log(2), 3)}
+
+
+def sources(args):
+    for seed in args.seeds:
+        for system in args.systems:
+            print(json.dumps(source_use(args, system, seed)), flush=True)
 
 
 def save(fig, out: Path):
@@ -439,7 +477,7 @@ def table(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["run", "gradients", "figure", "curves", "table"])
+    p.add_argument("command", choices=["run", "gradients", "figure", "curves", "table", "sources"])
     p.add_argument("--systems", default="static_24,static_12,lld_24", type=lambda s: s.split(","))
     p.add_argument("--seeds", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--setting", default="released", choices=SETTINGS)
@@ -467,7 +505,8 @@ def main(argv=None):
         args.out = ROOT / "docs" / "img" / ("latent_depth_curves.png" if args.command == "curves"
                                             else "latent_depth_gradients.png")
     args.data = args.data or args.work_dir / "data"
-    {"run": run, "gradients": gradients, "figure": figure, "curves": curves, "table": table}[args.command](args)
+    {"run": run, "gradients": gradients, "figure": figure, "curves": curves, "table": table,
+     "sources": sources}[args.command](args)
 
 
 if __name__ == "__main__":
