@@ -280,8 +280,13 @@ def build(args, system: str, seed: int):
 
 
 def at_update(args, system: str, seed: int, update: int):
-    """(task, model, criterion, the validation batches) of the run at ``update``: its interval
-    checkpoint, ``-1`` its last, 0 the initial weights."""
+    """(task, model, criterion, the validation batches, 2,048 tokens each, in a fixed order) of the run
+    at ``update``: its interval checkpoint, ``-1`` its last, 0 the initial weights; the model is told
+    the checkpoint's update (a latent model's soft weights depend on it).
+
+    Raises:
+        FileNotFoundError: if ``update`` is -1 and the run has no ``checkpoint_last.pt``.
+        StopIteration: if the run has no interval checkpoint of ``update``."""
     task, model, criterion = build(args, system, seed)
     if update:
         save = args.work_dir / "checkpoints" / run_name(system, args.setting, seed)
@@ -327,7 +332,11 @@ def source_use(args, system: str, seed: int) -> dict:
     """Validation nll (bits per target token, eval mode: a latent model's own inference) of the run's
     last checkpoint with each sentence's own source (``nll``) and with the sources of each batch
     rolled by one sentence (``nll_rolled``): how much of its prediction the source carries, whatever
-    beam search makes of it."""
+    beam search makes of it. A diagnostic of this study (docs/claims.md, "Two seeds"), no equation
+    of the paper's.
+
+    Raises:
+        FileNotFoundError: if the run has no ``checkpoint_last.pt``."""
     task, model, criterion, itr = at_update(args, system, seed, -1)
     model.eval()
     nll, rolled, tokens = 0.0, 0.0, 0
@@ -343,6 +352,7 @@ def source_use(args, system: str, seed: int) -> dict:
 
 
 def sources(args):
+    """One JSON line of :func:`source_use` per run of ``--systems`` x ``--seeds`` in ``--setting``."""
     for seed in args.seeds:
         for system in args.systems:
             print(json.dumps(source_use(args, system, seed)), flush=True)
@@ -440,10 +450,15 @@ def last_tenth(row: dict) -> float:
                            if update > row["max_update"] - row["max_update"] // 10)
 
 
-def mean_bleu(row: dict) -> float:
-    """A row's BLEU averaged over the pairs, in its one decoding mode (static, or a latent model's soft)."""
+def bleu_by_pair(row: dict) -> dict:
+    """A row's sacreBLEU per pair in its one decoding mode (static, or a latent model's soft)."""
     (scores,) = row["bleu"].values()
-    return statistics.mean(scores[p] for p in PAIRS)
+    return scores
+
+
+def mean_bleu(row: dict) -> float:
+    """A row's BLEU averaged over the pairs (:func:`bleu_by_pair`)."""
+    return statistics.mean(bleu_by_pair(row)[p] for p in PAIRS)
 
 
 def table(args):
@@ -461,18 +476,17 @@ def table(args):
     print("| system | seeds | the rule's verdict | mean loss over the last tenth | "
           + " | ".join(f"BLEU en→{p}" for p in PAIRS) + " | mean BLEU |")
     print("|---|---|---|---|" + "---|" * (len(PAIRS) + 1))
+    bleu = {s: [mean_bleu(r) for r in runs] for s, runs in by_system.items()}
+    loss = {s: [last_tenth(r) for r in runs] for s, runs in by_system.items()}
     for system, runs in by_system.items():
         verdicts = ", ".join("diverged" if translation_diverged(r) else "trained" for r in runs)
-        pairs = [mean_spread([next(iter(r["bleu"].values()))[p] for r in runs]) for p in PAIRS]
-        print(f"| {system} | {','.join(str(r['seed']) for r in runs)} | {verdicts} | "
-              f"{mean_spread([last_tenth(r) for r in runs])} | " + " | ".join(pairs)
-              + f" | **{mean_spread([mean_bleu(r) for r in runs])}** |")
+        pairs = [mean_spread([bleu_by_pair(r)[p] for r in runs]) for p in PAIRS]
+        print(f"| {system} | {','.join(str(r['seed']) for r in runs)} | {verdicts} | {mean_spread(loss[system])} | "
+              + " | ".join(pairs) + f" | **{mean_spread(bleu[system])}** |")
     print()
     for i, a in enumerate(args.systems):
         for b in args.systems[i + 1:]:
-            bleu = gap([mean_bleu(r) for r in by_system[a]], [mean_bleu(r) for r in by_system[b]])
-            loss = gap([last_tenth(r) for r in by_system[a]], [last_tenth(r) for r in by_system[b]])
-            print(f"- {a} − {b}: mean BLEU {bleu}; loss over the last tenth {loss}")
+            print(f"- {a} − {b}: mean BLEU {gap(bleu[a], bleu[b])}; loss over the last tenth {gap(loss[a], loss[b])}")
 
 
 def main(argv=None):
