@@ -67,7 +67,7 @@ def test_the_next_run_starts_when_any_run_finishes_not_when_its_batch_does(monke
     monkeypatch.setattr(depth_regime, "prepare", lambda args: None)
     results = tmp_path / "rows.jsonl"
     depth_regime.run(Namespace(systems=["static_1", "static_2", "static_3"], seeds=[1], setting="released",
-                               jobs=2, results=results, decode=True))
+                               jobs=2, results=results, decode=True, max_update=2000))
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert rows[0]["system"] == "static_2" and len(rows) == 3  # each written as it finished
     assert all(r["divergence"] is None for r in rows)
@@ -87,16 +87,44 @@ def test_a_run_written_without_bleu_is_decoded_later_and_its_row_replaced(monkey
     monkeypatch.setattr(depth_regime, "prepare", lambda args: None)
     results = tmp_path / "rows.jsonl"
     written = [("static_1", {"q_decoder": []}), ("static_2", {"q_decoder": [], "bleu": {}}), ("static_3", {})]
-    results.write_text("".join(json.dumps({"system": s, "setting": "released", "seed": 1, **extra}) + "\n"
-                               for s, extra in written))
+    results.write_text("".join(json.dumps({"system": s, "setting": "released", "seed": 1, "max_update": 2000,
+                                           **extra}) + "\n" for s, extra in written))
     systems = ["static_1", "static_2", "static_3"]
-    depth_regime.run(Namespace(systems=systems, seeds=[1], setting="released", jobs=1, results=results, decode=False))
+    depth_regime.run(Namespace(systems=systems, seeds=[1], setting="released", jobs=1, results=results, decode=False,
+                               max_update=2000))
     assert started == []
-    depth_regime.run(Namespace(systems=systems, seeds=[1], setting="released", jobs=1, results=results, decode=True))
+    depth_regime.run(Namespace(systems=systems, seeds=[1], setting="released", jobs=1, results=results, decode=True,
+                               max_update=2000))
     assert started == ["static_1"]
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert [r["system"] for r in rows] == ["static_2", "static_3", "static_1"]  # one row per run
     assert rows[-1]["bleu"] == {"static": {}}
+
+
+def test_a_larger_max_update_runs_a_shorter_run_on_and_a_smaller_one_is_refused(monkeypatch, tmp_path):
+    """A row of fewer updates than asked is not final: its run goes on (from its checkpoint, as
+    fairseq-train does) and its new row replaces it; a row of more updates is never overwritten by a
+    shorter budget's."""
+    started = []
+
+    def run_one(args, system, seed):
+        started.append(system)
+        return {"system": system, "setting": "released", "seed": seed, "max_update": args.max_update,
+                "divergence": None, "q_decoder": []}
+
+    monkeypatch.setattr(depth_regime, "run_one", run_one)
+    monkeypatch.setattr(depth_regime, "prepare", lambda args: None)
+    results = tmp_path / "rows.jsonl"
+    results.write_text("".join(json.dumps({"system": s, "setting": "released", "seed": 1, "max_update": n,
+                                           "q_decoder": []}) + "\n" for s, n in [("static_100", 1000), ("lld_100", 2000)]))
+    args = dict(systems=["static_100", "lld_100"], seeds=[1], setting="released", jobs=1, results=results, decode=False)
+    depth_regime.run(Namespace(**args, max_update=2000))
+    assert started == ["static_100"]
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(r["system"], r["max_update"]) for r in rows] == [("lld_100", 2000), ("static_100", 2000)]
+    with pytest.raises(SystemExit, match=r"lld_100-released-1 \(2000\), static_100-released-1 \(2000\)"):
+        depth_regime.run(Namespace(**args, max_update=1000))
+    assert started == ["static_100"] and results.read_text().count("\n") == 2
 
 
 @pytest.mark.slow

@@ -36,7 +36,8 @@ decoded ``soft``. A latent row adds its translation term's curve (``ce_loss_curv
 and the rule's verdict on it (``divergence_ce``): its loss adds the KL and depth terms, whose
 weights ramp up over the KL ramp, so that the total rises by design. Runs resume from their
 ``checkpoint_last.pt`` and their decoding at its first unfinished output; a row written with
-``--no-decode`` is decoded, and replaced, by a later ``run``. Interval checkpoints every 250
+``--no-decode`` is decoded, and replaced, by a later ``run``; a row of fewer updates than
+``--max-update`` is run on to it and replaced (:func:`done`). Interval checkpoints every 250
 updates feed ``gradients``.
 
 ``sources``: each run's validation nll with its own sources and with each batch's sources rolled
@@ -233,10 +234,23 @@ def key(row: dict) -> tuple:
     return row["system"], row["setting"], row["seed"]
 
 
-def done(results: Path, decode: bool) -> set:
-    """The runs whose row is final: every row, but with ``decode`` not a finished run's row that was
-    written without BLEU (``--no-decode``, e.g. at the end of a session), which is decoded again."""
-    return {key(r) for r in read_rows(results) if not (decode and "q_decoder" in r and "bleu" not in r)}
+def done(results: Path, decode: bool, max_update: int) -> set:
+    """The runs whose row is final: every row of ``max_update`` updates, but with ``decode`` not a
+    finished run's row that was written without BLEU (``--no-decode``, e.g. at the end of a session),
+    which is decoded again. A row of fewer updates is not final either: its run resumes from its last
+    checkpoint (where the work directory has it) to ``max_update``, as fairseq-train does with a larger
+    ``--max-update``, and its new row replaces it.
+
+    Raises:
+        SystemExit: if a row has more updates than ``max_update`` (its run cannot be shortened, and
+            a row of the shorter budget written over it would misstate its curve)."""
+    rows = read_rows(results)
+    longer = [f"{'-'.join(map(str, key(r)))} ({r['max_update']})" for r in rows if r["max_update"] > max_update]
+    if longer:
+        raise SystemExit(f"{results} has runs of more than --max-update {max_update}: {', '.join(longer)}; "
+                         "ask for their updates or write to another --results")
+    return {key(r) for r in rows
+            if r["max_update"] == max_update and not (decode and "q_decoder" in r and "bleu" not in r)}
 
 
 def write_row(results: Path, row: dict):
@@ -256,7 +270,7 @@ def run(args):
     time: the next one starts as soon as any finishes (the runs of a pair take unequal times), its
     row written then."""
     todo = [(s, seed) for seed in args.seeds for s in args.systems
-            if (s, args.setting, seed) not in done(args.results, args.decode)]
+            if (s, args.setting, seed) not in done(args.results, args.decode, args.max_update)]
     prepare(args)
     with ThreadPoolExecutor(args.jobs) as pool:
         for future in as_completed([pool.submit(run_one, args, s, seed) for s, seed in todo]):
