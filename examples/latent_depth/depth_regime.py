@@ -269,8 +269,8 @@ def run(args):
     """Every run of ``--systems`` x ``--seeds`` without a final row yet (:func:`done`), ``--jobs`` at a
     time: the next one starts as soon as any finishes (the runs of a pair take unequal times), its
     row written then."""
-    todo = [(s, seed) for seed in args.seeds for s in args.systems
-            if (s, args.setting, seed) not in done(args.results, args.decode, args.max_update)]
+    finished = done(args.results, args.decode, args.max_update)
+    todo = [(s, seed) for seed in args.seeds for s in args.systems if (s, args.setting, seed) not in finished]
     prepare(args)
     with ThreadPoolExecutor(args.jobs) as pool:
         for future in as_completed([pool.submit(run_one, args, s, seed) for s, seed in todo]):
