@@ -17,7 +17,6 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
-from fairseq import utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
@@ -32,8 +31,8 @@ from torch import Tensor
 
 from ..checkpoint_loading import CONFIG_UPGRADES
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.moe import (DISPATCH, EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, Experts, MoELayer, Routing,
-                           TopKRouter)
+from ..modules.moe import (DISPATCH, EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, ExpertForm, Experts, MoELayer,
+                           Routing, TopKRouter)
 from ..modules.sharing import share_parameters
 from .base import LayerLoopDecoder, LayerLoopEncoder, LayerSlot, WideTransformerModel, added_defaults, alignment_weights
 from .presets import MULTI30K_BODY, register_preset, set_defaults
@@ -71,9 +70,12 @@ class WideNetConfig(TransformerConfig):
     )
     widenet_experts: ChoiceEnum(EXPERT_FORMS) = field(
         default="released",
-        metadata={"help": "released: e_i(x) of Eq. 1 as the authors' code builds it (the activation after both dense "
-                          "layers, Xavier-uniform kernels and router, N(0, 1e-6) biases; the presets' activation is "
-                          "GELU); ours: the activation after the first only, nn.Linear's init; docs/widenet.md"},
+        metadata={"help": "released: e_i(x) of Eq. 1 as the authors' code builds it (the activation and a dropout "
+                          "after both dense layers, the block adding the experts' output undropped, Xavier-uniform "
+                          "kernels and router, N(0, 1e-6) biases; the presets' activation is the tanh GELU, "
+                          "gelu_accurate, and --activation-dropout is --dropout); ours: the activation after the "
+                          "first only, the block's dropout after the combine, nn.Linear's init, exact GELU; "
+                          "docs/widenet.md"},
     )
     moe_dispatch: ChoiceEnum(DISPATCH) = field(
         default="padded",
@@ -125,33 +127,30 @@ def upgrade_pre_released_config(model_cfg):
 CONFIG_UPGRADES.append(upgrade_pre_released_config)
 
 
-class DenseFFN(nn.Module):
+class DenseFFN(nn.Module, ExpertForm):
     """Dense FFN with :class:`MoELayer`'s call signature (the 'w/o MoE layer' ablation), of the
-    experts' ``form`` (:class:`Experts`): the ablation then differs from WideNet in the routing alone."""
+    experts' ``form`` (:class:`ExpertForm`): the ablation then differs from WideNet in the routing alone."""
 
     def __init__(self, embed_dim: int, ffn_dim: int, activation_fn: str, activation_dropout: float,
-                 form: str = "released"):
+                 form: str = "released", dropout: float = 0.0):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(embed_dim, ffn_dim), nn.Linear(ffn_dim, embed_dim)
-        self.output_activation = form == "released"
-        if self.output_activation:
+        if form == "released":
             for linear in (self.fc1, self.fc2):
                 nn.init.xavier_uniform_(linear.weight)
                 nn.init.normal_(linear.bias, std=RELEASED_BIAS_STD)
-        self.activation_fn = utils.get_activation_fn(activation_fn)
-        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
+        self.init_form(form, activation_fn, activation_dropout, dropout)
 
     def forward(self, x, padding_mask=None, routing=None):
         """x ``(T, B, C)`` -> ``((T, B, C), None)``: no routing."""
-        out = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
-        return (self.activation_fn(out) if self.output_activation else out), None
+        return self.ffn(x), None
 
 
 def build_ffn(cfg, embed_dim: int, ffn_dim: int):
-    activation_dropout = cfg.activation_dropout or cfg.relu_dropout or 0.0
+    ffn = (cfg.activation_fn, cfg.activation_dropout or cfg.relu_dropout or 0.0, cfg.widenet_experts)
     if cfg.widenet_dense_ffn:
-        return DenseFFN(embed_dim, ffn_dim, cfg.activation_fn, activation_dropout, cfg.widenet_experts)
-    experts = Experts(cfg.moe_experts, embed_dim, ffn_dim, cfg.activation_fn, activation_dropout, cfg.widenet_experts)
+        return DenseFFN(embed_dim, ffn_dim, *ffn, dropout=cfg.dropout)
+    experts = Experts(cfg.moe_experts, embed_dim, ffn_dim, *ffn, dropout=cfg.dropout)
     return MoELayer(build_router(cfg, embed_dim), experts, cfg.moe_dispatch)
 
 
@@ -203,12 +202,14 @@ class BlockSharing:
 
 class MoESublayer:
     """The last sub-layer of every WideNet block (encoder and decoder), ``x + MoE(LN_i^moe(x))``;
-    the block has ``moe_layer_norm``, ``moe`` and ``dropout_module``."""
+    the block has ``moe_layer_norm``, ``moe`` and ``dropout_module``. The released experts drop their
+    own outputs (:class:`ExpertForm`), so the block adds theirs undropped."""
 
     def moe_sublayer(self, x: Tensor, padding_mask: Optional[Tensor], reused: tuple) -> tuple:
         """x ``(T, B, C)`` -> ``(x, *routing fields)`` (no fields for the dense-FFN ablation)."""
         h, routing = self.moe(self.moe_layer_norm(x), padding_mask, Routing(*reused) if reused else None)
-        return (x + self.dropout_module(h), *(routing.as_tuple() if routing is not None else ()))
+        h = h if self.moe.drops_output else self.dropout_module(h)
+        return (x + h, *(routing.as_tuple() if routing is not None else ()))
 
 
 class WideNetEncoderLayer(EncoderLayer, MoESublayer):
@@ -411,9 +412,16 @@ class WideNetModel(WideTransformerModel):
 @register_model_architecture("widenet", "widenet")
 def widenet(args):
     """Base preset: transformer-base body (d = 512, FFN 2048, 8 heads, 6+6 blocks), pre-norm,
-    E = 4 experts, top-2, C = 1.2 (the paper's defaults), GELU experts (the released code's)."""
-    set_defaults(args, **_WIDENET_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True,
-                 activation_fn="gelu")
+    E = 4 experts, top-2, C = 1.2 (the paper's defaults). The released experts take the released
+    code's activation and its one dropout rate: tanh-approximated GELU (fairseq's ``gelu_accurate``)
+    and ``--activation-dropout`` equal to ``--dropout``; ``--widenet-experts ours``: exact GELU,
+    fairseq's activation dropout (0)."""
+    set_defaults(args, **_WIDENET_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True)
+    if args.widenet_experts == "released":
+        set_defaults(args, dropout=0.1)  # base_architecture's, needed here for the experts' rate
+        set_defaults(args, activation_fn="gelu_accurate", activation_dropout=args.dropout)
+    else:
+        set_defaults(args, activation_fn="gelu")
     base_architecture(args)
 
 

@@ -17,6 +17,7 @@ the released code's), tokens in fairseq's T x B order.
 """
 import math
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Optional
 
 import torch
@@ -206,32 +207,66 @@ class TopKRouter(nn.Module):
         return slot, chosen.sum(dim=1)
 
 
-class Experts(nn.Module):
+class ExpertForm:
+    """The two-layer FFN of one expert (e_i of Eq. 1) in one of :data:`EXPERT_FORMS`, for a module
+    with ``fc1`` and ``fc2``. ``released``, as the authors' released code builds each expert
+    (``widenet/model_configs.py``, ``mlp``): Dense -> activation -> Dropout -> Dense -> activation ->
+    Dropout, so each expert's output is dropped before the gated sum and the block adds it undropped
+    (:attr:`drops_output`); ``ours``: fairseq's FFN, the activation and its dropout after the first
+    layer only, the block's dropout after the combine."""
+
+    def init_form(self, form: str, activation_fn: str, activation_dropout: float, dropout: float):
+        self.activation_fn = activation(activation_fn)
+        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=type(self).__name__)
+        released = form == "released"
+        self.output_dropout_module = FairseqDropout(dropout, module_name=type(self).__name__) if released else None
+
+    @property
+    def drops_output(self) -> bool:
+        """Whether the experts apply the sub-layer's output dropout themselves (``released``)."""
+        return self.output_dropout_module is not None
+
+    def ffn(self, x: Tensor) -> Tensor:
+        out = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
+        if self.output_dropout_module is None:
+            return out
+        return self.output_dropout_module(self.activation_fn(out))
+
+
+def activation(name: str):
+    """fairseq's activation ``name``, with ``gelu_accurate`` (the tanh approximation
+    0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the released code's ``gelu``) as torch's one fused
+    kernel instead of fairseq's seven elementwise operators (the same formula, equal within fp32
+    rounding)."""
+    if name == "gelu_accurate":
+        return partial(F.gelu, approximate="tanh")
+    return utils.get_activation_fn(name)
+
+
+class Experts(nn.Module, ExpertForm):
     """E expert FFNs, d -> d_ffn -> d each (e(·)_i of Eq. 1), as two batched matmuls over all E
     experts: every expert parameter is in the graph every step (an expert that got no token gets
     a zero gradient, so DDP never sees an unused parameter).
 
-    ``form`` (:data:`EXPERT_FORMS`): ``released`` as the authors' released code builds each expert
-    (``widenet/model_configs.py``, ``mlp``: two Dense layers, each followed by the activation,
-    Xavier-uniform kernels, biases from N(0, (1e-6)²)); ``ours``: the activation after the first
-    layer only (fairseq's FFN), nn.Linear's initialisation.
+    ``form`` (:data:`EXPERT_FORMS`, :class:`ExpertForm`): ``released`` as the authors' released code
+    builds each expert (Xavier-uniform kernels, biases from N(0, (1e-6)²), the activation and a
+    dropout of ``dropout`` after both layers, ``activation_dropout`` after the first); ``ours``: the
+    activation and ``activation_dropout`` after the first layer only, nn.Linear's initialisation
+    (``dropout`` unused: the block applies it after the combine).
 
     Shapes: input ``(E, B, d)`` (B = capacity slots per expert); output ``(E, B, d)``.
     """
 
     def __init__(self, num_experts: int, embed_dim: int, ffn_dim: int, activation_fn: str = "relu",
-                 activation_dropout: float = 0.0, form: str = "released"):
+                 activation_dropout: float = 0.0, form: str = "released", dropout: float = 0.0):
         super().__init__()
         released = form == "released"
         self.fc1 = BatchedLinear(num_experts, embed_dim, ffn_dim, **released_init(released))
         self.fc2 = BatchedLinear(num_experts, ffn_dim, embed_dim, **released_init(released))
-        self.activation_fn = utils.get_activation_fn(activation_fn)
-        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
-        self.output_activation = released
+        self.init_form(form, activation_fn, activation_dropout, dropout)
 
     def forward(self, buffer: Tensor) -> Tensor:
-        out = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(buffer))))
-        return self.activation_fn(out) if self.output_activation else out
+        return self.ffn(buffer)
 
 
 #: The released code's expert biases: Keras' RandomNormal(stddev=1e-6).
@@ -313,6 +348,11 @@ class MoELayer(nn.Module):
         if dispatch not in DISPATCH:
             raise ValueError(f"--moe-dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
         self.router, self.experts, self.dispatch = router, experts, dispatch
+
+    @property
+    def drops_output(self) -> bool:
+        """Whether the experts drop their outputs themselves (:attr:`ExpertForm.drops_output`)."""
+        return self.experts.drops_output
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, routing: Optional[Routing] = None):
         T, B, d = x.shape

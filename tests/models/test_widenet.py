@@ -1,6 +1,7 @@
 """widenet (Xue et al. 2022): sharing across blocks, ablations, routing groups, criterion, configs,
 the experts and router as the released code builds them."""
 import json
+import math
 import re
 import sys
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ from fairseq_widearch.experiments.counting import model_stats, preset_param_coun
 from fairseq_widearch.criterions import MoELabelSmoothedCrossEntropyCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
 from fairseq_widearch.models.widenet import DenseFFN
+from fairseq_widearch.modules.moe import Routing
 from conftest import REPO, run, train
 
 VOCAB = 40
@@ -218,7 +220,7 @@ def test_the_experts_and_router_are_built_as_the_released_code_builds_them():
     ``--widenet-experts ours``: fairseq's FFN (the activation after the first layer only) with
     nn.Linear's initialisation. The dense-FFN ablation follows the experts' form."""
     torch.manual_seed(0)
-    moe = make_model("--encoder-ffn-embed-dim", "256").encoder.layers[0].moe
+    moe = make_model("--encoder-ffn-embed-dim", "256").encoder.layers[0].moe.eval()  # no dropout
     experts, router = moe.experts, moe.router
     fc1, fc2 = experts.fc1, experts.fc2  # weight (E, in, out)
     for linear, fan_in, fan_out in ((fc1, 32, 256), (fc2, 256, 32)):
@@ -227,16 +229,83 @@ def test_the_experts_and_router_are_built_as_the_released_code_builds_them():
         assert linear.bias.abs().max() < 1e-5 and linear.bias.std() == pytest.approx(1e-6, rel=0.3)
     assert router.weight.abs().max() <= (6 / (32 + 4)) ** 0.5 and router.weight.std() > 0.2  # Xavier, not Kaiming
     x = torch.randn(4, 5, 32)
-    gelu = torch.nn.functional.gelu
-    expected = gelu(torch.bmm(gelu(torch.bmm(x, fc1.weight) + fc1.bias[:, None]), fc2.weight) + fc2.bias[:, None])
-    torch.testing.assert_close(experts(x), expected, atol=1e-5, rtol=1e-5)
 
-    ours = make_model("--widenet-experts", "ours", "--activation-fn", "relu").encoder.layers[0].moe.experts
-    assert not ours.output_activation and ours.fc1.bias.abs().max() > 1e-2  # nn.Linear's U(±1/√fan_in) biases
+    def gelu(v):  # the released code's gelu (widenet/model_configs.py), in float64
+        v = v.double()
+        return 0.5 * v * (1 + torch.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+
+    expected = gelu(torch.bmm(gelu(torch.bmm(x, fc1.weight) + fc1.bias[:, None]).float(), fc2.weight) + fc2.bias[:, None])
+    torch.testing.assert_close(experts(x).double(), expected, atol=1e-6, rtol=1e-6)
+    erf = torch.nn.functional.gelu  # the exact form, ~5e-4 away at most: the test tells the two apart
+    assert (experts(x) - erf(torch.bmm(erf(torch.bmm(x, fc1.weight) + fc1.bias[:, None]), fc2.weight)
+                             + fc2.bias[:, None])).abs().max() > 1e-5
+
+    ours = make_model("--widenet-experts", "ours", "--activation-fn", "relu").encoder.layers[0].moe.experts.eval()
+    assert not ours.drops_output and ours.fc1.bias.abs().max() > 1e-2  # nn.Linear's U(±1/√fan_in) biases
     assert (ours(x) < 0).any()  # no activation after the second layer
     for form, activated in (("released", True), ("ours", False)):
         dense = make_model("--widenet-dense-ffn", "--widenet-experts", form).encoder.layers[0].moe
-        assert isinstance(dense, DenseFFN) and dense.output_activation == activated
+        assert isinstance(dense, DenseFFN) and dense.drops_output == activated
+
+
+TANH_GELU_1, ERF_GELU_1 = 0.8411919906, 0.8413447461  # GELU(1) in the two forms
+
+
+@pytest.mark.parametrize("form, gelu_1, activation_dropout", [("released", TANH_GELU_1, 0.3), ("ours", ERF_GELU_1, 0.0)])
+def test_the_presets_activation_and_dropouts_follow_the_experts_form(form, gelu_1, activation_dropout):
+    """Released experts: the tanh GELU and the released code's one rate (--dropout) after both
+    layers, the block adding their output undropped; ours: the exact GELU, fairseq's activation
+    dropout (0) and the block's dropout after the combine. A flag given wins over the preset."""
+    experts = make_model("--widenet-experts", form, "--dropout", "0.3").encoder.layers[0].moe.experts
+    assert experts.activation_fn(torch.tensor(1.0)).item() == pytest.approx(gelu_1, abs=1e-7)
+    assert (experts.activation_dropout_module.p, experts.drops_output) == (activation_dropout, form == "released")
+    given = make_model("--widenet-experts", form, "--activation-fn", "relu", "--activation-dropout", "0.2")
+    experts = given.encoder.layers[0].moe.experts
+    assert (experts.activation_fn(torch.tensor(-1.0)).item(), experts.activation_dropout_module.p) == (0.0, 0.2)
+
+
+@pytest.mark.parametrize("form", ["released", "ours"])
+def test_dropout_positions_in_the_moe_sublayer(form):
+    """Training mode, seeded masks: the released experts drop after each activation inside the
+    expert buffers (--activation-dropout, then --dropout on every expert's output before the gated
+    sum) and the block adds the combine undropped; ours drops after the first activation and once
+    after the combine. The sub-layer's output, rebuilt by hand from the masks each dropout drew,
+    matches."""
+    torch.manual_seed(0)
+    layer = make_model("--widenet-experts", form, "--dropout", "0.5", "--activation-dropout", "0.25",
+                       "--moe-no-router-noise").encoder.layers[0].train()
+    experts = layer.moe.experts
+    fired = {}
+
+    def record(name):
+        def hook(module, inputs, output):  # the mask, rescaled: output / input where the input is not 0
+            fired[name] = (module.p, output / inputs[0].masked_fill(inputs[0] == 0, 1.0))
+        return hook
+
+    dropouts = {"first": experts.activation_dropout_module, "expert_output": experts.output_dropout_module,
+                "block": layer.dropout_module}
+    for name, module in dropouts.items():
+        if module is not None:
+            module.register_forward_hook(record(name))
+    x = torch.randn(6, 3, 32)
+    out, *fields = layer.moe_sublayer(x, None, ())
+    expected = {"first": 0.25, "expert_output": 0.5} if form == "released" else {"first": 0.25, "block": 0.5}
+    assert {name: p for name, (p, _) in fired.items()} == expected
+
+    routing, E, act = Routing(*fields), experts.fc1.weight.shape[0], experts.activation_fn
+    cap, d = routing.capacity, x.shape[-1]
+    flat = layer.moe_layer_norm(x).transpose(0, 1).reshape(-1, d)  # the released routing's batch-major order
+    where = torch.where(routing.kept, routing.expert * cap + routing.slot, E * cap)
+    buffer = flat.new_zeros(E * cap + 1, d).index_copy(0, where, flat[routing.token])[:-1].view(E, cap, d)
+    inner = experts.fc2(act(experts.fc1(buffer)) * fired["first"][1])
+    if form == "released":
+        inner = act(inner) * fired["expert_output"][1]
+    gated = inner.reshape(E * cap, d)[where.clamp_max(E * cap - 1)] * routing.kept_gate(inner.dtype)[:, None]
+    combined = flat.new_zeros(flat.shape).index_add(0, routing.token, gated).view(3, 6, d).transpose(0, 1)
+    if form == "ours":
+        combined = combined * fired["block"][1]
+    assert (combined == 0).float().mean() > 0.2  # the masks dropped something
+    torch.testing.assert_close(out, x + combined, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ def dense_ffn(moe, i, x):
     """Expert i of ``moe`` applied as a plain FFN (ReLU; after both layers in the released form)."""
     h = F.relu(x @ moe.experts.fc1.weight[i] + moe.experts.fc1.bias[i])
     out = h @ moe.experts.fc2.weight[i] + moe.experts.fc2.bias[i]
-    return F.relu(out) if moe.experts.output_activation else out
+    return F.relu(out) if moe.experts.drops_output else out
 
 
 def route_everything_to(moe, expert):
@@ -203,6 +203,45 @@ def test_eval_capacity_does_not_drop_by_default():
     _, routing = moe(torch.rand(9, 1, D) + 0.1)
     assert routing.kept.all()
     assert routing.capacity == 9  # the largest load: no empty slots beyond it
+
+
+def released_switch(moe, tokens, capacity_factor):
+    """The released code's top-k ``Router`` and ``Switch`` at inference (no noise), re-derived from
+    widenet/model_configs.py: a K-hot (N, E) mask over the tokens in their order, positions
+    ``cumsum(mask) * mask`` (from 1), kept while below ``int(N·C·K // E)``, each kept assignment's
+    expert output times its gate, summed per token."""
+    E, k, N = moe.router.num_experts, moe.router.top_k, tokens.shape[0]
+    gate, expert = F.linear(tokens, moe.router.weight).softmax(-1).topk(k, dim=-1)  # (N, k)
+    mask = F.one_hot(expert, E).sum(1)  # (N, E)
+    position = mask.cumsum(0) * mask
+    kept = mask.bool() & (position < int(N * capacity_factor * k // E))
+    out = torch.zeros_like(tokens)
+    for c in range(k):
+        for t in range(N):
+            e = expert[t, c]
+            if kept[t, e]:
+                out[t] += gate[t, c] * dense_ffn(moe, e, tokens[t])
+    return out, kept
+
+
+@pytest.mark.parametrize("tokens", [7, 12, 40])
+def test_eval_capacity_factor_reproduces_the_released_switch_at_inference(tokens):
+    """``--moe-eval-capacity-factor C`` with the released routing drops at inference what the
+    released code drops (it applies its training capacity in evaluation too): the same kept
+    assignments and outputs, tokens in batch-major order. Every call here has floor(C·K·N/E) >= 2;
+    below that the released code keeps no slot and ours one (docs/widenet.md)."""
+    torch.manual_seed(tokens)
+    moe = make_moe(experts=4, k=2, eval_capacity_factor=1.2).eval()
+    with torch.no_grad():
+        moe.router.weight.mul_(8)  # peaked routing, so that experts overflow
+    x = torch.randn(tokens // 2 if tokens % 2 == 0 else tokens, 2 if tokens % 2 == 0 else 1, D) + 0.5  # skewed
+    y, routing = moe(x)
+    flat = x.transpose(0, 1).reshape(-1, D)
+    expected, kept = released_switch(moe, flat, 1.2)
+    ours = torch.zeros_like(kept)
+    ours[routing.token[routing.kept], routing.expert[routing.kept]] = True
+    assert torch.equal(ours, kept) and not kept.sum(1).eq(2).all()  # something dropped
+    torch.testing.assert_close(y.transpose(0, 1).reshape(-1, D), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_a_sentence_translates_the_same_alone_or_in_a_batch():
