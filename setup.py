@@ -11,6 +11,9 @@ FAIRSEQ = [
 PLOTS = ["matplotlib"]  # the plot_* tools of fairseq_widearch.cli
 EXAMPLES = ["sacremoses", "subword-nmt", "sacrebleu>=2.0"] + PLOTS
 DEPLOY = ["ctranslate2>=4.0"]  # python -m fairseq_widearch.cli.export_ctranslate2
+# The documentation site (mkdocs.yml): Markdown pages that read the same on GitHub, and the API
+# rendered from the docstrings; Sphinx would need MyST to read them and autodoc for the API.
+DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
 
 setup(
     name="fairseq-widearch",
@@ -25,7 +28,8 @@ setup(
         "examples": EXAMPLES,
         "plots": PLOTS,
         "deploy": DEPLOY,
-        "test": ["pytest", "pytest-xdist"] + EXAMPLES + DEPLOY,
+        "docs": DOCS,
+        "test": ["pytest", "pytest-xdist"] + EXAMPLES + DEPLOY + DOCS,
     },
     license="MIT",
 )

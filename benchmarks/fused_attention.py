@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training step time with the attention on the fused kernels against before (issue 33 item 2).
+"""Training step time with the attention on the fused kernels against before.
 
 "Before" is what the plugin did until 2026-11-26: decoder self-attention with fairseq's additive
 causal mask plus the target padding mask (which keeps SDPA's flash kernels out), and the last
@@ -23,7 +23,7 @@ keys. Timed against the explicit softmax the module runs (forward + backward, at
 ``kernels`` (PartialFormer systems): the whole training step with each ``--partial-attention-kernel``
 (the same model, its attentions switched, alternating rounds in one process; ``auto`` is the
 default), in ms and as a ratio to ``auto``: the side-by-side measurement that the utilisation
-step's ratios, each against a twin timed apart, could not give (docs/gpu.md, "Fifth session").
+step's ratios, each against a twin timed apart, could not give (docs/records/gpu_runs.md, 2026-11-27).
 
     python benchmarks/fused_attention.py                       # the Multi30k presets, on the CPU
     python benchmarks/fused_attention.py --device cuda --dtype fp16 --batch-size 128 \\

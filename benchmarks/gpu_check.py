@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The GPU machine's prepared command (docs/gpu.md, "On the GPU machine, step by step"): in order,
+"""The GPU machine's prepared command (docs/gpu.md, "The GPU check"): in order,
 each step under its own time limit so that a stuck step cannot eat the others,
 
   a. ``tier``: the CUDA test tier alone (tests/cuda, 16 workers in the order tests/cuda/test_cuda.py
@@ -7,20 +7,20 @@ each step under its own time limit so that a stuck step cannot eat the others,
   b. ``two_ranks``: fairseq's distributed trainer, 2 gloo ranks on the one GPU in fp16, every
      ``_tiny`` preset, against one rank with ``--update-freq 2`` (benchmarks/two_ranks.py);
   c. ``profile``: benchmarks/profile_steps.py on the MoE layer;
-  d. ``speed``: the speed figures of docs/gpu.md, what the last loan did not reach first: the
+  d. ``speed``: the speed figures of docs/gpu.md, the undecided ones first: the
      training utilisation of the undecided systems with every candidate in fp16 at the papers'
      batch (128 x 30 tokens) and in bf16 at 16,320 tokens, PartialFormer's attention kernels side by
      side (fused_attention.py), its decoding, every MoE dispatch against its dense share, then the
      utilisation measured before.
 
-A loan's default plan is two calls: ``--call 1`` (a, b: about 400 s) and ``--call 2`` (c, d: about
-330 s). Writes OUT/report.json (everything, after every step), OUT/report.md (tables docs/gpu.md
+It runs in two parts, each within a 10-minute limit: ``--part correctness`` (a, b: about 400 s on
+an H100) and ``--part speed`` (c, d: about 330 s); ``--part all`` runs both. Writes OUT/report.json (everything, after every step), OUT/report.md (tables docs/gpu.md
 takes as they are) and OUT/<step>.log. ``--dry-run`` runs every step with CPU stand-ins (bf16 for
 fp16, the gloo ranks on the CPU for one preset, a few updates, tiny sizes; the tier's tests skip
 themselves without CUDA, and are listed by name) and writes the same report: tests/test_gpu_check.py
-runs it, so the command cannot rot between loans.
+runs it, so the command cannot rot while no GPU runs it.
 
-    python benchmarks/gpu_check.py OUT [--call 1|2|all] [--data .gpu/multi30k] [--dry-run]
+    python benchmarks/gpu_check.py OUT [--part correctness|speed|all] [--data .gpu/multi30k] [--dry-run]
 """
 import argparse
 import json
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 PY = sys.executable
 
-#: Every candidate of a missed target beside today's default (docs/gpu.md, "Candidates").
+#: Every candidate of a missed target beside today's default (docs/gpu.md, "Current figures").
 CANDIDATES = ("widenet_wmt_en_de:--moe-dispatch=index", "widenet_wmt_en_de:--moe-dispatch=permute",
               "partialformer_24_6_d360_h30_16:--partial-attention-kernel=explicit",
               "partialformer_24_6_d360_h30_16:--partial-attention-kernel=sdpa")
@@ -64,12 +64,12 @@ def speed_commands(dry: bool) -> list:
                 ("partialformer decoding bf16", 200,
                  [BENCH / "partialformer_speed.py", *dev, "--vocab", "500", "--batch-size", "1", "--batches", "1",
                   "--rounds", "1", "--src-len", "4", "--tgt-len", "4"])]
-    # what the last loan (2026-11-27, the fifth) did not reach first: the utilisation in fp16 at the
-    # papers' batch and in bf16 at 16,320 tokens; PartialFormer's kernels side by side; its decoding,
-    # the MoE layer, and the figures measured then, to follow a change
+    # the undecided figures first: the utilisation in fp16 at the papers' batch and in bf16 at 16,320
+    # tokens; PartialFormer's kernels side by side; its decoding, the MoE layer, and the figures
+    # measured before, to follow a change
     undecided = ";".join([*CANDIDATES, *UNDECIDED])
 
-    # 6 steps x 3 rounds per side: 3 x 2 gave ratios that moved by up to 0.4 between two loans
+    # 6 steps x 3 rounds per side: 3 x 2 gave ratios that moved by up to 0.4 between two runs
     def utilisation(dtype: str, batch: int) -> tuple:  # 544 x 30 = 16,320 tokens
         return (f"training_utilisation {dtype} batch {batch}", 120,
                 [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", dtype, "--batch-size", batch,
@@ -264,9 +264,8 @@ def speed_summary(res: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in res.items() if isinstance(v, (int, float)))
 
 
-#: The default plan of a loan (docs/gpu.md, "On the GPU machine, step by step"): call 1 the
-#: correctness checks, call 2 the speed decisions.
-CALLS = {"1": "tier,two_ranks", "2": "profile,speed", "all": "tier,two_ranks,profile,speed"}
+#: The two parts of the check (docs/gpu.md, "The GPU check"), each within a 10-minute limit.
+PARTS = {"correctness": "tier,two_ranks", "speed": "profile,speed", "all": "tier,two_ranks,profile,speed"}
 
 
 def main(argv=None):
@@ -275,10 +274,11 @@ def main(argv=None):
     p.add_argument("--data", default=str(REPO / ".gpu" / "multi30k"),
                    help="the quick start's prepared Multi30k (bin/, bpe/codes, test.ref.de)")
     p.add_argument("--dry-run", action="store_true", help="CPU stand-ins for every step")
-    p.add_argument("--call", choices=CALLS, default="all",
-                   help="the loan's call: 1 = tier and two_ranks, 2 = profile and speed, all = both")
-    p.add_argument("--steps", help="the steps to run, comma-separated (overrides --call; a later loan reruns "
-                                   "what an earlier one missed)")
+    p.add_argument("--part", choices=PARTS, default="all",
+                   help="correctness = the CUDA tier and two ranks, speed = the MoE profile and the speed "
+                        "figures, all = both")
+    p.add_argument("--steps", help="the steps to run, comma-separated (overrides --part; reruns what a run "
+                                   "cut short missed)")
     p.add_argument("--tier-seconds", type=int, default=300, help="the tier's limit")
     p.add_argument("--speed-seconds", type=int, default=320, help="the speed step's limit")
     args = p.parse_args(argv)
@@ -286,7 +286,7 @@ def main(argv=None):
         p.error("no CUDA GPU here: use --dry-run for the CPU stand-ins")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    wanted = (args.steps or CALLS[args.call]).split(",")
+    wanted = (args.steps or PARTS[args.part]).split(",")
     report = {"dry_run": args.dry_run, "machine": machine(), "steps": {}}
     for name, allowed, commands in steps(args):
         report["steps"][name] = {}
@@ -298,7 +298,7 @@ def main(argv=None):
         if name == "tier":
             report["tier_tests"] = tier_outcomes(out / "tier.xml", (out / "tier.log").read_text())
             report["tier_figures"] = tier_figures(out / "tier_figures.jsonl")
-        # written after every step: a call cut short by the device's limit still brings back what ran
+        # written after every step: a run cut short by a time limit still leaves what ran
         (out / "report.json").write_text(json.dumps(report, indent=1))
     (out / "report.md").write_text(markdown(report))
     print(markdown(report))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU machine's one command (docs/gpu.md, "On the GPU machine, step by step"): installs the
+# The GPU machine's one command (docs/gpu.md, "The GPU check"): installs the
 # carried cp312 wheels of .gpu/wheels beside that machine's own torch (seconds), then runs
 # benchmarks/gpu_check.py, whose steps each have their own limit (9 minutes in all on one H100).
 # Prepare .gpu here first: bash benchmarks/gpu_check_prepare.sh

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What benchmarks/gpu_check.sh needs on the bare GPU machine (Python 3.12, its own torch, no package
-# registry), prepared here into ./.gpu (git-ignored; docs/gpu.md, "On the GPU machine, step by step"):
+# registry), prepared here into ./.gpu (git-ignored; docs/gpu.md, "Install on a GPU machine"):
 #   .gpu/wheels/     the cp312 wheels of fairseq and of what it needs beyond that machine's image
 #   .gpu/multi30k/   the quick start's prepared Multi30k (bin/, bpe/codes, test.ref.de), 12 MB
-# Then name .gpu in the device call's carry list. Idempotent: what is there already is kept.
+# Then copy .gpu to the GPU machine with the repository. Idempotent: what is there already is kept.
 #
 #   bash benchmarks/gpu_check_prepare.sh [PYTHON (./.venv/bin/python)]
 set -euo pipefail

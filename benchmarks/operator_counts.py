@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Operators and host waits per training step, on the CPU, of each architecture and candidate
-beside the stock Transformer's at equal training FLOPs (docs/gpu.md, "Operators and waits").
+beside the stock Transformer's at equal training FLOPs (docs/benchmarks.md, "Operators per step").
 
 On a GPU each operator is at least one kernel launch and costs its Python and launch time on the
 host; once the host waits for the device (a value or a data-dependent shape read back), the

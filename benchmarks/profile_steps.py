@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Where the time of a missed speed target goes (docs/gpu.md, "Paper-size speed"): each case's step
+"""Where the time of a missed speed target goes (docs/gpu.md, "Current figures"): each case's step
 run under ``torch.profiler``, its device time split by operator and by our modules.
 
 Cases (``--cases``, comma-separated):

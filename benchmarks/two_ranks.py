@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Data parallelism in half precision through fairseq's own trainer: two ranks against one rank
-with ``--update-freq 2`` over the same batches (docs/gpu.md, "Two ranks in half precision").
+with ``--update-freq 2`` over the same batches (docs/gpu.md, "The GPU check"; its runs in docs/records/gpu_runs.md).
 
 For each ``_tiny`` preset (the scalable one under its task, stage 2), ``--updates`` updates of
 fairseq's distributed trainer with 2 gloo ranks on one device (``--device cuda``: both on GPU 0;

@@ -121,7 +121,7 @@ def train(data, save_dir, arch, *extra, cwd=None, user_dir=None, max_update=3, v
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory, multi30k_bin):
     """``arch -> directory`` holding ``checkpoint_last.pt`` of 2 updates on ``multi30k_bin``,
-    trained once per session and shared by the tests that only need some trained model."""
+    trained once per test run and shared by the tests that only need some trained model."""
     trained = {}
 
     def get(arch):

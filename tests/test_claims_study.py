@@ -288,7 +288,7 @@ def test_a_latent_depth_row_names_the_layers_hard_selection_keeps(multi30k_bin, 
 
 
 def test_a_row_scored_under_another_decoding_is_not_done_and_its_rescoring_replaces_it(tmp_path):
-    """Issue 32: the LL-D rows were decoded with hard selection, a depth training never sampled;
+    """The LL-D rows were decoded with hard selection, a depth training never sampled;
     the study now decodes with the soft weights, so those rows are run again, and replaced."""
     claim = study.CLAIMS["latent_depth"]
     latent = claim.systems[0]

@@ -1,4 +1,4 @@
-"""Attention on the fused kernels (issue 33 item 2): decoder self-attention over right-padded
+"""Attention on the fused kernels: decoder self-attention over right-padded
 targets on SDPA's own causal mask, and no attention weights in training unless something reads
 them. Each is checked against the masked, explicit computation it replaces."""
 from types import SimpleNamespace

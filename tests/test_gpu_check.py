@@ -1,5 +1,5 @@
 """The GPU machine's prepared command (benchmarks/gpu_check.sh) in its ``--dry-run``: every step
-with its CPU stand-ins, the same report, so that the command cannot rot between loans."""
+with its CPU stand-ins, the same report, so that the command cannot rot while no GPU runs it."""
 import json
 import re
 import subprocess

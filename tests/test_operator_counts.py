@@ -1,4 +1,4 @@
-"""A clock-free guard of the training speed (issue 58): the ATen operators of one training step of
+"""A clock-free guard of the training speed: the ATen operators of one training step of
 every wide architecture's ``_tiny`` preset against its stock twin at equal training FLOPs
 (``benchmarks/operator_counts.py``; on a GPU each operator is a kernel launch, on the CPU a dispatch),
 so that a change which adds work to either side shows in the fast tier, whatever the machine's

@@ -1,4 +1,4 @@
-"""Mixed precision across ranks, on the CPU (issue 44 item 3; benchmarks/two_ranks.py): fairseq's
+"""Mixed precision across ranks, on the CPU (benchmarks/two_ranks.py): fairseq's
 distributed trainer with 2 gloo ranks, ``--bf16`` or ``--memory-efficient-bf16`` (FP16Optimizer's
 fp32 master weights, half-precision gradients all-reduced), each DDP backend, every ``_tiny``
 preset (the scalable one under its task): the ranks end with identical parameters and every

@@ -236,7 +236,7 @@ def key(row: dict) -> tuple:
 
 def done(results: Path, decode: bool, max_update: int) -> set:
     """The runs whose row is final: every row of ``max_update`` updates, but with ``decode`` not a
-    finished run's row that was written without BLEU (``--no-decode``, e.g. at the end of a session),
+    finished run's row that was written without BLEU (``--no-decode``, e.g. when time ran out),
     which is decoded again. A row of fewer updates is not final either: its run resumes from its last
     checkpoint (where the work directory has it) to ``max_update``, as fairseq-train does with a larger
     ``--max-update``, and its new row replaces it.

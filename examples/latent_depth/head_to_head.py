@@ -36,7 +36,7 @@ RECIPE = ROOT / "examples" / "latent_depth" / "multi30k_o2m.sh"
 #: system -> the recipe's flags; every decoding mode that applies to it.
 SYSTEMS = {
     "anchor": ["--impl", "anchor", "--decode", "sampled,all"],
-    # the anchor with its layer logits initialised to q = 0.5 instead of uninitialised memory (issue 45)
+    # the anchor with its layer logits initialised to q = 0.5 instead of uninitialised memory
     "anchor_initialised": ["--impl", "anchor_initialised", "--decode", "sampled,all"],
     "ours-objective_anchor": ["--impl", "ours", "--objective", "anchor", "--decode", "soft,sampled,hard"],
     "ours-objective_ours": ["--impl", "ours", "--objective", "ours", "--decode", "soft,sampled,hard"],

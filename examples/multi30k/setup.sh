@@ -1,7 +1,7 @@
 # Sourced by the Multi30k recipes (needs ROOT, VENV, WORK; DATA_DIR optional; arguments go to
 # prepare.py): installs the package into $VENV if needed, prepares the data in $WORK/data, sets
 # PY, and keeps freed memory in the process instead of returning it to the OS after every large
-# tensor (~10% faster CPU training here, docs/benchmarks.md).
+# tensor (docs/benchmarks.md, "The allocator", says what it gains).
 VENV="$VENV" bash "$ROOT/examples/setup_venv.sh"
 PY="$VENV/bin/python"
 "$PY" "$ROOT/examples/multi30k/prepare.py" --work-dir "$WORK/data" ${DATA_DIR:+--data-dir "$DATA_DIR"} "$@"

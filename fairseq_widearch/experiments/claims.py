@@ -85,7 +85,7 @@ def build_claims() -> Dict[str, Claim]:
         Claim("latent_depth", "Latent depth (Tables 2-3): with a deeper decoder, learned layer selection matches or "
               "beats the static model of that depth and the static model of the selected depth",
               # decoded with the soft weights, the expectation of training's z: hard selection on its
-              # undecided posterior (q 0.48-0.65) ran a depth training never sampled (issue 32)
+              # undecided posterior (q 0.48-0.65) ran a depth training never sampled
               (System("LL-D 12, K = 6", latent, evaluate={"latent_inference": "soft"}),
                transformer("static 12", 3, 12), transformer("static 6", 3, 6)),
               (("LL-D 12, K = 6", "static 12"), ("LL-D 12, K = 6", "static 6"))),

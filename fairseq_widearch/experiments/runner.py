@@ -1,4 +1,4 @@
-"""Training runs for studies that span sessions and machines (the claims study, the comparison):
+"""Training runs for studies that span days and machines (the claims study, the comparison):
 each run trains in its own directory with ``fairseq-train``, resumes there when interrupted, refuses
 to resume under other flags, and leaves one result row per run in a JSON-lines file kept apart
 from the runs (this project keeps its files in git under ``docs/data``), so that a new machine

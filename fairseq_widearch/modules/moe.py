@@ -194,7 +194,7 @@ class TopKRouter(nn.Module):
         order = expert.reshape(-1) if self.released else expert.t().reshape(-1)
         # (E, k·N), expert-major: each expert's running count is then a scan along the contiguous
         # last dim (the scan down the first dim of a (k·N, E) one-hot took 2.7 of the layer's ~5 ms
-        # on an H100 at 8,192 tokens, docs/gpu.md); F.one_hot would check its input on the host
+        # on an H100 at 8,192 tokens, docs/records/gpu_runs.md); F.one_hot would check its input on the host
         chosen = torch.arange(E, device=expert.device)[:, None] == order[None, :]
         if real is not None:
             real_order = real.repeat_interleave(k) if self.released else real.repeat(k)
@@ -284,14 +284,11 @@ class GatherRows(torch.autograd.Function):
     ``fold`` consecutive blocks, instead of index_select's scatter-add: no atomic adds, and no row
     written twice in either pass (the row past the end of x is the zero row, read as often as needed).
 
-    Args:
-        x: ``(n, d)``.
-        index: ``(m,)`` rows of x, n meaning a zero row.
-        inverse: ``(fold·n,)`` for each row of x (``fold`` copies of it, block-major) the output row
-            it went to, m meaning none; every output row appears at most once.
-        fold: copies of each row of x in the output (k for the MoE dispatch, 1 for a permutation).
-
-    Returns ``(m, d)``.
+    ``GatherRows.apply(x, index, inverse, fold)`` -> ``(m, d)``, with x ``(n, d)``; index ``(m,)``
+    rows of x, n meaning a zero row; inverse ``(fold·n,)``, for each row of x (``fold`` copies of
+    it, block-major) the output row it went to, m meaning none, every output row appearing at most
+    once; fold the copies of each row of x in the output (k for the MoE dispatch, 1 for a
+    permutation).
     """
 
     @staticmethod

@@ -3,7 +3,7 @@ unchanged): every architecture's ``_tiny`` preset, the scalable one under its ow
 self-distillation criterion, trained on the quick start's Multi30k data with fairseq's
 ``--fp16`` (FP16Optimizer), ``--memory-efficient-fp16``, ``--amp`` and ``--bf16``; fp16 and bf16
 decoding against fp32 decoding of the same checkpoint; incremental = full decoding in fp16; the
-causal kernel against the additive masks in fp16; the fp32 islands of a half-precision model. docs/gpu.md records a run and its figures.
+causal kernel against the additive masks in fp16; the fp32 islands of a half-precision model. docs/records/gpu_runs.md records each run and its figures.
 
 Run alone on the GPU (``OMP_NUM_THREADS=1 python -m pytest tests/cuda -m cuda -v -rfE --tb=short -n 16 --dist
 loadgroup --no-loadscope-reorder`` takes minutes; ``-v`` names each test as it ends, so a run cut short
@@ -12,7 +12,7 @@ work its assertion needs and no more: only the fp16 and bf16 checkpoints are dec
 train 600 updates (``tier_checks.UPDATES``), and decoding compares half of test_2016. The data:
 ``MULTI30K_DATA`` (default ``runs/multi30k/data``, what ``examples/multi30k/setup.sh``
 prepares: ``bin/``, ``bpe/codes``, ``test.ref.de``). ``WIDEARCH_CUDA_REPORT=FILE`` appends one JSON
-line per measured case to FILE (the figures of docs/gpu.md).
+line per measured case to FILE (the figures of docs/records/gpu_runs.md).
 """
 import json
 import os
@@ -38,7 +38,7 @@ PRECISIONS = {"fp16": ["--fp16"], "memory_efficient_fp16": ["--memory-efficient-
 #: The order in which the tier's 16 workers take its 30 units (``--dist loadgroup
 #: --no-loadscope-reorder`` hands out the units in collection order, the 17th to the first worker
 #: after its first unit, and so on; tests/conftest.py sorts by ``tier_order``): the slowest archs
-#: first, so that what a loan cuts short is what ran before. Units 1-10: the fp16/bf16 trainings
+#: first, so that what a time limit cuts short is what ran before. Units 1-10: the fp16/bf16 trainings
 #: with their decoding (each 600 updates and four decodes); 11-16: the short trainings of the archs
 #: never reached before; 17-26: the model-level checks (seconds each), after a decoding unit;
 #: 27-30: the other short trainings, after a short one.

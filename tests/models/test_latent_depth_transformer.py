@@ -381,7 +381,7 @@ def test_a_bilingual_lld_checkpoint_decodes_sampled():
 
 
 def test_no_recipe_or_study_decodes_with_hard_selection():
-    """Issue 32: hard selection on an undecided posterior runs a depth training never sampled."""
+    """Hard selection on an undecided posterior runs a depth training never sampled."""
     from conftest import REPO
     for path in [*REPO.glob("examples/**/*.sh"), *REPO.glob("examples/**/*.py")]:
         text = path.read_text()
