@@ -7,14 +7,13 @@ each step under its own time limit so that a stuck step cannot eat the others,
   b. ``two_ranks``: fairseq's distributed trainer, 2 gloo ranks on the one GPU in fp16, every
      ``_tiny`` preset, against one rank with ``--update-freq 2`` (benchmarks/two_ranks.py);
   c. ``profile``: benchmarks/profile_steps.py on the MoE layer;
-  d. ``speed``: the speed figures of docs/gpu.md, the undecided ones first: the
-     training utilisation of the undecided systems with every candidate in fp16 at the papers'
-     batch (128 x 30 tokens) and in bf16 at 16,320 tokens, PartialFormer's attention kernels side by
-     side (fused_attention.py), its decoding, every MoE dispatch against its dense share, then the
-     utilisation measured before.
+  d. ``speed``: the speed figures of docs/gpu.md (:func:`speed_commands`): the MoE layer with every
+     candidate against its dense share, WideNet's utilisation with every candidate against its
+     stock twin, PartialFormer's attention kernels side by side (fused_attention.py) and its
+     decoding.
 
-It runs in two parts, each within a 10-minute limit: ``--part correctness`` (a, b: about 400 s on
-an H100) and ``--part speed`` (c, d: about 330 s); ``--part all`` runs both. Writes OUT/report.json (everything, after every step), OUT/report.md (tables docs/gpu.md
+It runs in two parts: ``--part correctness`` (a, b: about 400 s on an H100) and ``--part speed``
+(c, d: at most 300 s); ``--part all`` runs both. Writes OUT/report.json (everything, after every step), OUT/report.md (tables docs/gpu.md
 takes as they are) and OUT/<step>.log. ``--dry-run`` runs every step with CPU stand-ins (bf16 for
 fp16, the gloo ranks on the CPU for one preset, a few updates, tiny sizes; the tier's tests skip
 themselves without CUDA, and are listed by name) and writes the same report: tests/test_gpu_check.py
@@ -39,24 +38,39 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 PY = sys.executable
 
-#: Every candidate of a missed target beside today's default (docs/gpu.md, "Current figures").
-CANDIDATES = ("widenet_wmt_en_de:--moe-dispatch=index", "widenet_wmt_en_de:--moe-dispatch=permute",
-              "partialformer_24_6_d360_h30_16:--partial-attention-kernel=explicit",
-              "partialformer_24_6_d360_h30_16:--partial-attention-kernel=sdpa")
-#: The systems whose default (dispatch, kernel) is still to decide, and latent depth: measured with
-#: every candidate (multi-path and scalable met their targets in fp16 and bf16, 2026-11-26/27).
-UNDECIDED = ("widenet_wmt_en_de", "partialformer_24_6_d360_h30_16", "latent_depth_transformer_lld_12_24")
+#: Every candidate of WideNet's MoE layer beside today's default (``padded``, counted slots), as
+#: ``moe_throughput.py --dispatch`` takes them (``dispatch[:slots]``) and as a WideNet system; the
+#: compiled region (``+compile``) is timed apart, its compilation in its own limit.
+MOE_CANDIDATES = ("padded", "index", "permute", "grouped", "padded:sort", "grouped:sort")
+MOE_COMPILED = ("padded", "padded+compile", "padded:sort+compile")
+WIDENET = "widenet_wmt_en_de"
+WIDENET_CANDIDATES = tuple(
+    f"{WIDENET}:--moe-dispatch={dispatch}" + (f",--moe-slots={slots[0]}" if slots else "")
+    for dispatch, *slots in (c.split(":") for c in MOE_CANDIDATES[1:]))
+#: PartialFormer's attention kernels beside its default (``auto``).
+PARTIALFORMER = "partialformer_24_6_d360_h30_16"
+#: The speed part's commands with their limits add up to 260 s: with the MoE profile's 40 s, within
+#: one 300-second command after the correctness part.
+SPEED_SECONDS = 260
 
 
 def speed_commands(dry: bool) -> list:
-    """(name, seconds allowed, argv) of every speed figure, most wanted first."""
+    """(name, seconds allowed, argv) of every speed figure, most wanted first: the MoE layer against
+    its dense share with every candidate (8,192 and 16,384 tokens, fp16 and bf16; the compiled
+    region apart, its compilation in its warm-up), WideNet's utilisation against its stock twin
+    with every candidate, PartialFormer's three attention kernels in one model, its decoding per
+    MAC."""
+    moe = ["--dispatch", ",".join(MOE_CANDIDATES)]
     if dry:
         dev = ["--device", "cpu", "--dtype", "bf16"]
         return [("moe bf16 256 tokens", 120, [BENCH / "moe_throughput.py", *dev, "--tokens", "256", "--dim", "32",
-                                              "--ffn", "64", "--rounds", "1", "--repeats", "1", "--child"]),
-                ("training_utilisation bf16 batch 4", 200,
+                                              "--ffn", "64", "--rounds", "1", "--repeats", "1", "--child", *moe]),
+                ("moe compiled bf16 256 tokens", 200,
+                 [BENCH / "moe_throughput.py", *dev, "--tokens", "256", "--dim", "32", "--ffn", "64", "--rounds", "1",
+                  "--repeats", "1", "--child", "--dispatch", "padded,padded+compile", "--compile-backend", "aot_eager"]),
+                ("widenet utilisation bf16 batch 4", 200,
                  [BENCH / "training_utilisation.py", *dev, "--systems",
-                  "widenet_tiny;widenet_tiny:--moe-dispatch=permute;partialformer_tiny",
+                  ";".join(["widenet_tiny", *(c.replace(WIDENET, "widenet_tiny") for c in WIDENET_CANDIDATES)]),
                   "--vocab", "500", "--batch-size", "4", "--steps", "1", "--rounds", "1"]),
                 ("fused attention bf16", 120,
                  [BENCH / "fused_attention.py", *dev, "--systems", "partialformer_tiny", "--vocab", "500",
@@ -64,31 +78,23 @@ def speed_commands(dry: bool) -> list:
                 ("partialformer decoding bf16", 200,
                  [BENCH / "partialformer_speed.py", *dev, "--vocab", "500", "--batch-size", "1", "--batches", "1",
                   "--rounds", "1", "--src-len", "4", "--tgt-len", "4"])]
-    # the undecided figures first: the utilisation in fp16 at the papers' batch and in bf16 at 16,320
-    # tokens; PartialFormer's kernels side by side; its decoding, the MoE layer, and the figures
-    # measured before, to follow a change
-    undecided = ";".join([*CANDIDATES, *UNDECIDED])
-
+    commands = [(f"moe {dtype} {tokens} tokens", 20,
+                 [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", dtype, "--tokens", tokens,
+                  "--dim", "768", "--ffn", "3072", *moe])
+                for tokens in (8192, 16384) for dtype in ("fp16", "bf16")]
+    commands.append(("moe compiled fp16 8192 tokens", 45,
+                     [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", "fp16", "--tokens", 8192,
+                      "--dim", "768", "--ffn", "3072", "--dispatch", ",".join(MOE_COMPILED)]))
     # 6 steps x 3 rounds per side: 3 x 2 gave ratios that moved by up to 0.4 between two runs
-    def utilisation(dtype: str, batch: int) -> tuple:  # 544 x 30 = 16,320 tokens
-        return (f"training_utilisation {dtype} batch {batch}", 120,
-                [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", dtype, "--batch-size", batch,
-                 "--steps", "6", "--rounds", "3", "--systems", undecided])
-
-    commands = [utilisation("fp16", 128), utilisation("bf16", 544),
-                # PartialFormer's three attention kernels side by side, the causal kernel, logits as SDPA's bias
-                ("fused attention fp16", 60,
-                 [BENCH / "fused_attention.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", "128",
-                  "--systems", "partialformer_24_6_d360_h30_16,multipath_transformer_6l_4p"])]
-    for dtype in ("fp16", "bf16"):
-        commands.append((f"partialformer decoding {dtype}", 30,
-                         [BENCH / "partialformer_speed.py", "--device", "cuda", "--dtype", dtype, "--batch-size", "128"]))
-    for tokens in (8192, 16384):
-        for dtype in ("fp16", "bf16"):
-            commands.append((f"moe {dtype} {tokens} tokens", 30,
-                             [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", dtype, "--tokens", tokens,
-                              "--dim", "768", "--ffn", "3072"]))
-    commands += [utilisation("fp16", 544), utilisation("bf16", 128)]
+    commands.append(("widenet utilisation fp16 batch 544", 60,  # 544 x 30 = 16,320 tokens
+                     [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", 544,
+                      "--steps", "6", "--rounds", "3", "--systems", ";".join([WIDENET, *WIDENET_CANDIDATES])]))
+    # PartialFormer's three attention kernels side by side, the causal kernel, logits as SDPA's bias
+    commands.append(("fused attention fp16", 50,
+                     [BENCH / "fused_attention.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", "128",
+                      "--systems", f"{PARTIALFORMER},multipath_transformer_6l_4p"]))
+    commands.append(("partialformer decoding fp16", 25,
+                     [BENCH / "partialformer_speed.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", "128"]))
     return commands
 
 
@@ -280,7 +286,7 @@ def main(argv=None):
     p.add_argument("--steps", help="the steps to run, comma-separated (overrides --part; reruns what a run "
                                    "cut short missed)")
     p.add_argument("--tier-seconds", type=int, default=300, help="the tier's limit")
-    p.add_argument("--speed-seconds", type=int, default=320, help="the speed step's limit")
+    p.add_argument("--speed-seconds", type=int, default=SPEED_SECONDS, help="the speed step's limit")
     args = p.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         p.error("no CUDA GPU here: use --dry-run for the CPU stand-ins")

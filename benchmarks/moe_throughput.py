@@ -6,8 +6,9 @@ With capacity factor C, the E experts process up to K·C·N token slots for N to
 FFNs over the N tokens are the ideal cost; routing, dispatch and combine are the overhead. Both
 run in one process, alternating, on the same input. The last line is one JSON object with the
 figures and ``ratio`` = MoE time / (K·C × dense time); target <= 1.15 (>= 85% of the ideal).
-Every dispatch of ``--dispatch`` (``MoELayer``'s candidates, the same weights) runs in the same
-rounds; ``moe_ms`` and ``ratio`` are the first's, ``candidates`` has each one's. The layer gets a
+Every candidate of ``--dispatch`` (``dispatch[:slots][+compile]``: ``MoELayer``'s dispatch, the
+router's slot numbering and the compiled region, the same weights) runs in the same rounds; ``moe_ms`` and ``ratio`` are the
+first's, ``candidates`` has each one's. The layer gets a
 padding mask, as in a model (all False: a batch without padding, so that the ideal stays K·C dense FFNs).
 It runs twice, in fresh processes (``malloc_modes.py``): with glibc's default malloc
 (``ratio_default_malloc``) and with freed memory reused (``ratio``); the MoE layer's expert
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 
 from fairseq_widearch.experiments.counting import alternating_rounds
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
+from fairseq_widearch.modules import moe as moe_module
 from malloc_modes import both_modes
 from on_device import add_arguments, check, clock, describe, to
 
@@ -36,6 +38,20 @@ from on_device import add_arguments, check, clock, describe, to
 def fwd_bwd(fn, x, repeats):
     for _ in range(repeats):
         fn(x).float().sum().backward()
+
+
+def candidate(spec: str, router: TopKRouter, experts: Experts) -> MoELayer:
+    """The MoE layer of ``spec`` (``dispatch[:slots][+compile]``) with ``router``'s and ``experts``'
+    weights; ``+compile``: routing, dispatch, experts and combine compiled as one region (its
+    compilation happens in the warm-up, outside the timed rounds)."""
+    spec, plus, _ = spec.partition("+compile")
+    dispatch, _, slots = spec.partition(":")
+    if slots:
+        numbered = TopKRouter(router.weight.shape[1], router.num_experts, router.top_k, router.capacity_factor,
+                              slots=slots)
+        numbered.weight = router.weight  # the same parameter
+        router = numbered
+    return MoELayer(router, experts, dispatch, compiled=bool(plus))
 
 
 def main(argv=None):
@@ -46,8 +62,10 @@ def main(argv=None):
     p.add_argument("--experts", type=int, default=4)
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--capacity-factor", type=float, default=1.2)
-    p.add_argument("--dispatch", default="padded,index,permute",
-                   help="MoELayer dispatches, comma-separated (the first, the default, gives moe_ms and ratio)")
+    p.add_argument("--dispatch", default="padded,index,permute,grouped,padded:sort,grouped:sort",
+                   help="candidates dispatch[:slots], comma-separated (the first, the default, gives moe_ms and ratio)")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile's backend for the +compile candidates (aot_eager: capture without code generation)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=5, help="calls per model per round")
     add_arguments(p)
@@ -61,11 +79,12 @@ def main(argv=None):
                   f"ideal K*C*dense {res['ideal_ms']:.2f} ms, ratio MoE / ideal = {res['ratio']:.3f} (target <= 1.15)")
         print(json.dumps({**reuse, "ratio_default_malloc": default["ratio"], "default_malloc": default}))
         return
+    moe_module.COMPILE_BACKEND = args.compile_backend
     torch.manual_seed(0)
     router = TopKRouter(args.dim, args.experts, args.top_k, args.capacity_factor)
     experts = Experts(args.experts, args.dim, args.ffn)
     dispatches = args.dispatch.split(",")
-    moes = {d: to(MoELayer(router, experts, d), args).train() for d in dispatches}  # one set of weights
+    moes = {d: to(candidate(d, router, experts), args).train() for d in dispatches}
     fc1, fc2 = to(torch.nn.Linear(args.dim, args.ffn), args), to(torch.nn.Linear(args.ffn, args.dim), args)
     x = to(torch.randn(args.tokens, 1, args.dim), args).requires_grad_()
     no_padding = torch.zeros(1, args.tokens, dtype=torch.bool, device=args.device)

@@ -29,7 +29,11 @@ def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
     markdown = (out / "report.md").read_text()
     for label, res in report["steps"]["speed"].items():
         assert res["rc"] == 0 and res["json"], label
-    assert report["steps"]["speed"]["moe bf16 256 tokens"]["json"]["candidates"].keys() == {"padded", "index", "permute"}
+    assert report["steps"]["speed"]["moe bf16 256 tokens"]["json"]["candidates"].keys() == {
+        "padded", "index", "permute", "grouped", "padded:sort", "grouped:sort"}
+    assert len(report["steps"]["speed"]["widenet utilisation bf16 batch 4"]["json"]) >= 6  # every candidate
+    assert report["steps"]["speed"]["moe compiled bf16 256 tokens"]["json"]["candidates"].keys() == {
+        "padded", "padded+compile"}
     # PartialFormer's three attention kernels timed side by side in one model
     kernels = report["steps"]["speed"]["fused attention bf16"]["json"]["kernels"]["partialformer_tiny"]
     assert {"auto_ms", "explicit_ms", "sdpa_ms"} <= kernels.keys() and "step time / auto's" in markdown

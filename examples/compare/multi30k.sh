@@ -9,7 +9,7 @@
 #                                     [--data-dir DIR] [--results FILE] [--figure PNG] [--systems a,b,...]
 #                                     [--device cpu|cuda] [--jobs N]
 #
-# About 6 x 2 runs of 15-25 minutes here (python -m fairseq_widearch.experiments.compare). Running
+# 6 x 2 runs (docs/results.md gives each run's wall time; python -m fairseq_widearch.experiments.compare). Running
 # it again skips the runs --results holds and resumes an interrupted training.
 set -euo pipefail
 

@@ -31,8 +31,8 @@ from torch import Tensor
 
 from ..checkpoint_loading import CONFIG_UPGRADES
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.moe import (DISPATCH, EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, ExpertForm, Experts, MoELayer,
-                           Routing, TopKRouter)
+from ..modules.moe import (DISPATCH, EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, SLOTS, ExpertForm, Experts,
+                           MoELayer, Routing, TopKRouter)
 from ..modules.sharing import share_parameters
 from .base import LayerLoopDecoder, LayerLoopEncoder, LayerSlot, WideTransformerModel, added_defaults, alignment_weights
 from .presets import MULTI30K_BODY, register_preset, set_defaults
@@ -81,7 +81,20 @@ class WideNetConfig(TransformerConfig):
         default="padded",
         metadata={"help": "how tokens reach the experts and come back, the same outputs and gradients: padded "
                           "(no host wait), index (a host wait per call for the number of real tokens), permute "
-                          "(no wait, gathers both ways, no atomic adds); docs/widenet.md, 'Dispatch'"},
+                          "(no wait, gathers both ways, no atomic adds), grouped (no capacity-sized buffers: the "
+                          "kept assignments sorted by expert through grouped matrix products); docs/widenet.md, "
+                          "'Dispatch'"},
+    )
+    moe_slots: ChoiceEnum(SLOTS) = field(
+        default="count",
+        metadata={"help": "how the router numbers each expert's assignments, the same slots: count (a running "
+                          "count over an E x K·N one-hot mask) or sort (a stable sort of the expert ids, a count "
+                          "and a cumulative sum); docs/widenet.md, 'Dispatch'"},
+    )
+    moe_compile: bool = field(
+        default=False,
+        metadata={"help": "route, dispatch, run the experts and combine in one region compiled by torch.compile "
+                          "with dynamic shapes (with --moe-dispatch padded); docs/widenet.md, 'Dispatch'"},
     )
     widenet_standard_decoder: bool = field(
         default=False, metadata={"help": "keep fairseq's pre-norm decoder (WideNet in the encoder only)"}
@@ -151,13 +164,14 @@ def build_ffn(cfg, embed_dim: int, ffn_dim: int):
     if cfg.widenet_dense_ffn:
         return DenseFFN(embed_dim, ffn_dim, *ffn, dropout=cfg.dropout)
     experts = Experts(cfg.moe_experts, embed_dim, ffn_dim, *ffn, dropout=cfg.dropout)
-    return MoELayer(build_router(cfg, embed_dim), experts, cfg.moe_dispatch)
+    return MoELayer(build_router(cfg, embed_dim), experts, cfg.moe_dispatch, cfg.moe_compile)
 
 
 def build_router(cfg, embed_dim: int) -> TopKRouter:
     return TopKRouter(embed_dim, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity_factor,
                       cfg.moe_eval_capacity_factor, noise=not cfg.moe_no_router_noise,
-                      renormalize=cfg.moe_renormalize_gates, routing=cfg.moe_routing, init=cfg.widenet_experts)
+                      renormalize=cfg.moe_renormalize_gates, routing=cfg.moe_routing, init=cfg.widenet_experts,
+                      slots=cfg.moe_slots)
 
 
 class BlockSharing:
@@ -196,7 +210,8 @@ class BlockSharing:
         never calls a router, so it gets none of its own: DDP would find it unused)."""
         shared = self.module("moe", lambda: build_ffn(self.cfg, embed_dim, ffn_dim))
         if shared is getattr(self.first, "moe", None) and self.cfg.widenet_router_per_block and self.routes:
-            return MoELayer(build_router(self.cfg, embed_dim), shared.experts, self.cfg.moe_dispatch)
+            return MoELayer(build_router(self.cfg, embed_dim), shared.experts, self.cfg.moe_dispatch,
+                            self.cfg.moe_compile)
         return shared
 
 
@@ -369,6 +384,12 @@ def validate_widenet_config(args):
     require(args.moe_capacity_factor > 0, f"--moe-capacity-factor must be > 0, got {args.moe_capacity_factor}")
     require(args.moe_eval_capacity_factor >= 0,
             f"--moe-eval-capacity-factor must be >= 0 (0: no limit), got {args.moe_eval_capacity_factor}")
+    for flag, value, default in (("--moe-dispatch", args.moe_dispatch, "padded"), ("--moe-slots", args.moe_slots, "count"),
+                                 ("--moe-compile", args.moe_compile, False)):
+        require(not (args.widenet_dense_ffn and value != default),
+                f"{flag} {value} concerns the MoE layer; --widenet-dense-ffn has none")
+    require(args.moe_dispatch == "padded" or not args.moe_compile,
+            f"--moe-compile needs --moe-dispatch padded, got {args.moe_dispatch}")
     require(not (args.widenet_dense_ffn and args.widenet_router_per_block),
             "--widenet-router-per-block needs the MoE layer; it cannot go with --widenet-dense-ffn")
     groups = args.widenet_routing_groups

@@ -4,6 +4,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class BatchedLinear(nn.Module):
@@ -38,3 +39,14 @@ class BatchedLinear(nn.Module):
         # bmm then an in-place bias add: baddbmm would first copy the broadcast bias into its
         # (n, N, out) output, a slow strided copy on CPU.
         return torch.bmm(x, self.weight.to(x.dtype)).add_(self.bias[:, None].to(x.dtype))
+
+    def grouped(self, x, offsets, group):
+        """The linears on rows sorted by linear, one grouped matrix product (``F.grouped_mm``): ``x``
+        ``(M, in_features)``, linear i's rows ending at ``offsets[i]`` (``(n,)`` int32, the last below
+        M), ``group`` ``(M,)`` each row's linear, n for the rows past the last group -> ``(M,
+        out_features)``. The rows past ``offsets[-1]`` are left undefined, in the output and in the
+        gradient of x; they add no bias, so that their undefined gradient reaches no parameter."""
+        if torch.is_autocast_enabled(x.device.type):  # as autocast casts bmm's operands (grouped_mm is not listed)
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        bias = torch.cat([self.bias, self.bias.new_zeros(1, self.bias.shape[1])])
+        return F.grouped_mm(x, self.weight.to(x.dtype), offs=offsets) + bias.index_select(0, group).to(x.dtype)

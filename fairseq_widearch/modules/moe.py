@@ -70,6 +70,10 @@ class Routing:
 ROUTINGS = ("released", "ours")
 #: How the experts and the router are initialised and activated (docs/widenet.md, "Experts").
 EXPERT_FORMS = ("released", "ours")
+#: How :class:`TopKRouter` numbers each expert's assignments (the same slots either way): a running
+#: count over an (E, k·N) one-hot mask, or a stable sort of the expert ids in filling order with a
+#: count and a cumulative sum (MegaBlocks', torchtitan's).
+SLOTS = ("count", "sort")
 
 
 class TopKRouter(nn.Module):
@@ -93,15 +97,16 @@ class TopKRouter(nn.Module):
             m_i = assignments of expert i / N. N counts the real tokens.
         init (str): one of :data:`EXPERT_FORMS`: f's weight Xavier-uniform (``released``, Keras'
             Dense default) or nn.Linear's (``ours``).
+        slots (str): one of :data:`SLOTS`, how the slots are numbered (the same slots either way).
 
     Raises:
         ValueError: if E < 1, k is not in [1, E], C <= 0, the eval C < 0 (naming the flag), or the
-            routing or init is unknown.
+            routing, init or slots are unknown.
     """
 
     def __init__(self, embed_dim: int, num_experts: int, top_k: int, capacity_factor: float = 1.2,
                  eval_capacity_factor: float = 0.0, noise: bool = True, renormalize: bool = False,
-                 routing: str = "released", init: str = "released"):
+                 routing: str = "released", init: str = "released", slots: str = "count"):
         super().__init__()
         if num_experts < 1:
             raise ValueError(f"--moe-experts must be >= 1, got {num_experts}")
@@ -115,6 +120,9 @@ class TopKRouter(nn.Module):
             raise ValueError(f"--moe-routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
         if init not in EXPERT_FORMS:
             raise ValueError(f"--widenet-experts must be one of {', '.join(EXPERT_FORMS)}, got {init!r}")
+        if slots not in SLOTS:
+            raise ValueError(f"--moe-slots must be one of {', '.join(SLOTS)}, got {slots!r}")
+        self.slots = slots
         self.num_experts, self.top_k = num_experts, top_k
         self.capacity_factor, self.eval_capacity_factor = capacity_factor, eval_capacity_factor
         self.noise, self.renormalize, self.routing = noise, renormalize, routing
@@ -190,21 +198,50 @@ class TopKRouter(nn.Module):
         expert over the assignments in filling order, token-major for ``released`` (a token's
         choices go to different experts, so each expert sees the tokens in order), choice-major
         for ``ours``."""
-        E, (N, k) = self.num_experts, expert.shape
+        N, k = expert.shape
         order = expert.reshape(-1) if self.released else expert.t().reshape(-1)
+        real_order = None
+        if real is not None:
+            real_order = real.repeat_interleave(k) if self.released else real.repeat(k)
+        slot, loads = (self.sorted_slots if self.slots == "sort" else self.counted_slots)(order, real_order)
+        if self.released:
+            slot = slot.view(N, k).t().reshape(-1)
+        return slot, loads
+
+    def counted_slots(self, order: Tensor, real_order: Optional[Tensor]) -> tuple:
+        """Slots ``(k·N,)`` in filling order (-1 for padding) and loads ``(E,)`` by a running count."""
+        E = self.num_experts
         # (E, k·N), expert-major: each expert's running count is then a scan along the contiguous
         # last dim (the scan down the first dim of a (k·N, E) one-hot took 2.7 of the layer's ~5 ms
         # on an H100 at 8,192 tokens, docs/records/gpu_runs.md); F.one_hot would check its input on the host
-        chosen = torch.arange(E, device=expert.device)[:, None] == order[None, :]
-        if real is not None:
-            real_order = real.repeat_interleave(k) if self.released else real.repeat(k)
+        chosen = torch.arange(E, device=order.device)[:, None] == order[None, :]
+        if real_order is not None:
             chosen = chosen & real_order[None, :]  # padding takes no slot and adds no load
         slot = chosen.cumsum(dim=1).gather(0, order[None, :]).squeeze(0) - 1
-        if real is not None:
+        if real_order is not None:
             slot = slot.masked_fill(~real_order, -1)
-        if self.released:
-            slot = slot.view(N, k).t().reshape(-1)
         return slot, chosen.sum(dim=1)
+
+    def sorted_slots(self, order: Tensor, real_order: Optional[Tensor]) -> tuple:
+        """:meth:`counted_slots` by a stable sort of the expert ids (padding as expert E, after every
+        real one): an assignment's slot is its rank in its expert's run of the sorted ids, so the
+        filling order decides it as the running count does; O(k·N) memory instead of O(E·k·N)."""
+        E, A = self.num_experts, order.numel()
+        key = order if real_order is None else order.masked_fill(~real_order, E)
+        sorted_key, perm = torch.sort(key, stable=True)
+        first = runs(sorted_key, E)
+        rank = torch.arange(A, device=order.device) - first.index_select(0, sorted_key)
+        slot = torch.empty_like(rank).scatter_(0, perm, rank)
+        if real_order is not None:
+            slot = slot.masked_fill(~real_order, -1)
+        return slot, first[1:] - first[:-1]
+
+
+def runs(sorted_ids: Tensor, n: int) -> Tensor:
+    """``(n + 1,)`` the first position of each id 0..n in ``sorted_ids`` (ascending, ids in [0, n]):
+    a count and a cumulative sum by binary search, without atomic adds or a host wait (bincount
+    would wait, scatter_add adds atomically)."""
+    return torch.searchsorted(sorted_ids, torch.arange(n + 1, device=sorted_ids.device, dtype=sorted_ids.dtype))
 
 
 class ExpertForm:
@@ -226,8 +263,10 @@ class ExpertForm:
         """Whether the experts apply the sub-layer's output dropout themselves (``released``)."""
         return self.output_dropout_module is not None
 
-    def ffn(self, x: Tensor) -> Tensor:
-        out = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
+    def ffn(self, x: Tensor, linear=None) -> Tensor:
+        """The expert FFN of x; ``linear(layer, h)`` applies ``fc1``/``fc2`` (default: ``layer(h)``)."""
+        linear = linear or (lambda layer, h: layer(h))
+        out = linear(self.fc2, self.activation_dropout_module(self.activation_fn(linear(self.fc1, x))))
         if self.output_dropout_module is None:
             return out
         return self.output_dropout_module(self.activation_fn(out))
@@ -268,6 +307,13 @@ class Experts(nn.Module, ExpertForm):
     def forward(self, buffer: Tensor) -> Tensor:
         return self.ffn(buffer)
 
+    def grouped(self, rows: Tensor, offsets: Tensor, group: Tensor) -> Tensor:
+        """The experts on rows sorted by expert: ``rows`` ``(M, d)``, expert i's rows ending at
+        ``offsets[i]`` (``(E,)`` int32, the last below M), ``group`` ``(M,)`` each row's expert, E past
+        the last group -> ``(M, d)``; the rows past ``offsets[-1]`` are left undefined
+        (:meth:`BatchedLinear.grouped`)."""
+        return self.ffn(rows, lambda layer, h: layer.grouped(h, offsets, group))
+
 
 #: The released code's expert biases: Keras' RandomNormal(stddev=1e-6).
 RELEASED_BIAS_STD = 1e-6
@@ -305,7 +351,7 @@ class GatherRows(torch.autograd.Function):
 
 
 #: How :class:`MoELayer` moves tokens into the expert buffers and back (docs/widenet.md, "Dispatch").
-DISPATCH = ("index", "padded", "permute")
+DISPATCH = ("index", "padded", "permute", "grouped")
 
 
 class MoELayer(nn.Module):
@@ -319,18 +365,31 @@ class MoELayer(nn.Module):
     * ``padded``: the same copies over all T·B rows, padding routed but never kept (no host wait:
       B is sized for T·B rows, the capacity limit of the real tokens applied on the device);
     * ``permute``: as ``padded``, but tokens move by gathers whose backward is a gather too
-      (:class:`GatherRows`; MegaBlocks' and ScatterMoE's permutation by expert): no atomic adds.
+      (:class:`GatherRows`; MegaBlocks' and ScatterMoE's permutation by expert): no atomic adds;
+    * ``grouped``: no capacity-sized buffers: the kept assignments sorted by expert, the dropped
+      ones after the last group, and each expert layer one grouped matrix product over all experts
+      (torch's ``F.grouped_mm``).
 
     Router and experts are separate modules so that blocks can share the experts with or without
     the router (WideNet and its per-block-router variant).
+
+    With ``compiled``, each call that routes runs routing, dispatch, experts and combine as one
+    region compiled by ``torch.compile`` with dynamic shapes (:func:`route_and_move`), so that
+    fairseq's varying batch shapes reuse one graph; the same outputs and gradients (within fp32
+    rounding; on the default backend, router noise and dropout come from the compiler's random
+    numbers, unless ``torch._inductor.config.fallback_random``).
 
     Args:
         router (TopKRouter): E, K and the capacity factors.
         experts (Experts): E experts.
         dispatch (str): one of :data:`DISPATCH`.
+        compiled (bool): route and move in one compiled region; with ``padded`` only (``index``
+            waits for the host, ``permute``'s autograd function and ``grouped``'s product, which
+            traces in bf16 only, do not compile with dynamic shapes in this torch).
 
     Raises:
-        ValueError: if the router and the experts disagree on E, or ``dispatch`` is unknown.
+        ValueError: if the router and the experts disagree on E, ``dispatch`` is unknown, or
+            ``compiled`` goes with another dispatch than ``padded``.
 
     Shapes:
         ``forward(x, padding_mask=None, routing=None)``: x ``(T, B, d)``, padding_mask ``(B, T)``
@@ -338,13 +397,15 @@ class MoELayer(nn.Module):
         ``routing`` reuses another call's decision (routing groups) instead of routing again.
     """
 
-    def __init__(self, router: TopKRouter, experts: Experts, dispatch: str = "padded"):
+    def __init__(self, router: TopKRouter, experts: Experts, dispatch: str = "padded", compiled: bool = False):
         super().__init__()
         if experts.fc1.weight.shape[0] != router.num_experts:
             raise ValueError(f"router has {router.num_experts} experts, Experts has {experts.fc1.weight.shape[0]}")
         if dispatch not in DISPATCH:
             raise ValueError(f"--moe-dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
-        self.router, self.experts, self.dispatch = router, experts, dispatch
+        if compiled and dispatch != "padded":
+            raise ValueError(f"--moe-compile needs --moe-dispatch padded, got {dispatch!r}")
+        self.router, self.experts, self.dispatch, self.compiled = router, experts, dispatch, compiled
 
     @property
     def drops_output(self) -> bool:
@@ -361,11 +422,18 @@ class MoELayer(nn.Module):
         if self.dispatch == "index":
             y, routing = self.index_dispatch(flat, pad, routing)
         else:
-            if routing is None:
-                routing = self.router(flat, None if pad is None else ~pad)
-            move = self.permuted if self.dispatch == "permute" else self.copied
-            y = move(flat, routing)
+            if routing is None and self.compiled:
+                y, fields = compiled_region()(self, flat, pad)
+                routing = Routing(*fields)
+            else:
+                if routing is None:
+                    routing = self.router(flat, None if pad is None else ~pad)
+                y = self.move(flat, routing)
         return (y.view(B, T, d).transpose(0, 1) if batch_major else y.view(T, B, d)), routing
+
+    def move(self, tokens: Tensor, routing: Routing) -> Tensor:
+        """Dispatch, experts and combine of the no-wait dispatches: ``(N, d)`` -> ``(N, d)``."""
+        return {"permute": self.permuted, "grouped": self.grouped}.get(self.dispatch, self.copied)(tokens, routing)
 
     def index_dispatch(self, flat: Tensor, pad: Optional[Tensor], routing: Optional[Routing]):
         # flattened batch -> rows of the non-padding tokens (``pad``: (N,) True at padding)
@@ -410,3 +478,41 @@ class MoELayer(nn.Module):
         out = self.experts(buffer.view(E, cap, d)).view(slots, d)
         per_assignment = GatherRows.apply(out, position, assignment, 1)  # (A, d), 0 where dropped
         return (per_assignment * routing.kept_gate(out.dtype)[:, None]).view(k, N, d).sum(dim=0)
+
+    def grouped(self, tokens: Tensor, routing: Routing) -> Tensor:
+        """Assignments sorted by expert through the experts' grouped products: ``(N, d)`` -> ``(N, d)``."""
+        E, d = routing.num_experts, tokens.shape[1]
+        # kept assignments by expert (stable: in slot order), the dropped ones (key E) after them
+        key, order = torch.sort(routing.expert.masked_fill(~routing.kept, E), stable=True)
+        token = routing.token.index_select(0, order)
+        kept = (key < E)[:, None]
+        # one spare row, so that the last group ends before the rows do (F.grouped_mm's condition);
+        # the rows past it are undefined in both passes, so the dropped rows are selected away, not
+        # multiplied by 0 (0 times an undefined value can be NaN)
+        rows = torch.where(kept, tokens.index_select(0, token), 0.0)
+        rows = torch.cat([rows, rows.new_zeros(1, d)])
+        ends = runs(key, E)[1:].to(torch.int32)  # expert i's rows end where expert i + 1's begin
+        out = self.experts.grouped(rows, ends, torch.cat([key, key.new_full((1,), E)]))
+        weighted = torch.where(kept, out[:-1], 0.0) * routing.gate.index_select(0, order).to(out.dtype)[:, None]
+        return weighted.new_zeros(tokens.shape).index_add(0, token, weighted)
+
+
+def route_and_move(moe: MoELayer, flat: Tensor, pad: Optional[Tensor]) -> tuple:
+    """One MoE call without a given routing: ``flat`` ``(N, d)``, ``pad`` ``(N,)`` True at padding ->
+    (``(N, d)`` output, the routing's fields), the region :class:`MoELayer` compiles."""
+    routing = moe.router(flat, None if pad is None else ~pad)
+    return moe.move(flat, routing), routing.as_tuple()
+
+
+#: ``torch.compile``'s backend for :func:`compiled_region` (the tests use ``aot_eager``: the same
+#: graph capture and guards, no code generation).
+COMPILE_BACKEND = "inductor"
+_COMPILED = {}
+
+
+def compiled_region():
+    """:func:`route_and_move` compiled once per backend, with dynamic shapes (a new batch shape
+    reuses the graph; ``torch._dynamo``'s recompilations count what does not)."""
+    if COMPILE_BACKEND not in _COMPILED:
+        _COMPILED[COMPILE_BACKEND] = torch.compile(route_and_move, dynamic=True, backend=COMPILE_BACKEND)
+    return _COMPILED[COMPILE_BACKEND]

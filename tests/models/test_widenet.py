@@ -154,6 +154,9 @@ def test_criterion_adds_lambda_times_the_summed_balance_losses():
     (["--moe-experts", "0"], "--moe-experts must be a positive integer, got 0"),
     (["--moe-capacity-factor", "0"], "--moe-capacity-factor must be > 0, got 0.0"),
     (["--moe-eval-capacity-factor", "-1"], "--moe-eval-capacity-factor must be >= 0"),
+    (["--moe-compile", "--moe-dispatch", "grouped"], "--moe-compile needs --moe-dispatch padded, got grouped"),
+    (["--widenet-dense-ffn", "--moe-slots", "sort"], "--moe-slots sort concerns the MoE layer"),
+    (["--widenet-dense-ffn", "--moe-compile"], "--moe-compile True concerns the MoE layer"),
 ])
 def test_invalid_configs_fail_at_build_time_naming_the_flag(flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -195,7 +198,7 @@ def test_router_per_block_with_routing_groups_gives_routers_to_routing_blocks_on
     assert [name for name, p in grouped.named_parameters() if p.grad is None] == []
 
 
-@pytest.mark.parametrize("dispatch", ["index", "padded", "permute"])
+@pytest.mark.parametrize("dispatch", ["index", "padded", "permute", "grouped"])
 def test_routing_statistics_count_the_real_tokens_only(dispatch):
     """``moe_dropped`` and ``moe_load`` over a padded batch in training (capacity applies, C = 0.5:
     some assignments dropped) equal those of the same sentences with more padding, whichever the
@@ -211,6 +214,34 @@ def test_routing_statistics_count_the_real_tokens_only(dispatch):
     assert (stats[0]["moe_dropped"] > 0).all()
     for key in ("moe_dropped", "moe_load"):
         torch.testing.assert_close(stats[1][key], stats[0][key], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("candidate", [["--moe-slots", "sort"], ["--moe-dispatch", "grouped"],
+                                       ["--moe-dispatch", "grouped", "--moe-slots", "sort"]])
+def test_every_moe_candidate_trains_the_model_as_the_default(candidate):
+    """The whole model, training mode with router noise (seeded alike), on a padded batch with
+    assignments dropped (C = 0.5): the same loss, balance losses and gradients as the defaults
+    (``padded`` dispatch, counted slots), within fp32 rounding. Dropout off: the candidates' buffers
+    differ in shape, so dropout would draw other masks."""
+    src, lengths, prev = batch()
+    results = []
+    for flags in ([], candidate):
+        torch.manual_seed(0)
+        model = make_model("--moe-capacity-factor", "0.5", "--dropout", "0", "--activation-dropout", "0",
+                           "--attention-dropout", "0", *flags).train()
+        torch.manual_seed(1)
+        logits, extra = model(src, lengths, prev)
+        balance = torch.stack(extra["moe_balance_loss"])
+        (logits.float().pow(2).mean() + balance.sum()).backward()
+        results.append((logits, balance, torch.stack(extra["moe_dropped"]),
+                        {name: p.grad for name, p in model.named_parameters() if p.grad is not None}))
+    (ref_logits, ref_balance, ref_dropped, ref_grads), (logits, balance, dropped, grads) = results
+    assert (ref_dropped > 0).any() and torch.equal(dropped, ref_dropped)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(balance, ref_balance, atol=1e-6, rtol=1e-6)
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
 
 
 @torch.no_grad()
@@ -352,3 +383,15 @@ def test_a_checkpoint_saved_before_the_released_defaults_loads_as_it_was_trained
     assert saved(arch="widenet_multi30k", moe_experts=4, moe_routing="released",
                  widenet_experts="released") == ("released", "released")
     assert saved(arch="transformer", moe_experts=4) == (None, None)
+
+
+@pytest.mark.slow
+def test_moe_compile_keeps_one_graph_per_moe_layer_over_an_epochs_batches(multi30k_bin):
+    """``--moe-compile`` over the real training batches of an epoch, of varying shapes
+    (benchmarks/moe_recompiles.py, graph capture by ``aot_eager``): at most one graph for each
+    stack's shared MoE layer, no recompilation, no graph break."""
+    out = run([sys.executable, REPO / "benchmarks" / "moe_recompiles.py", "--data", multi30k_bin,
+               "--arch", "widenet_tiny", "--batches", "20"]).stdout
+    measured = json.loads(out.strip().splitlines()[-1])
+    assert measured["batch_shapes"] >= 5, measured
+    assert measured["unique_graphs"] <= 2 and (measured["recompilations"], measured["graph_breaks"]) == (0, 0), measured

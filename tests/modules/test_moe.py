@@ -282,7 +282,7 @@ def dispatched(dispatch, x, padding_mask, seed, train=True, **kw):
     """Output, balance loss, kept count and every gradient of one forward + backward of a fresh
     MoE layer (the same initialisation for every ``dispatch``; router noise and dropout from ``seed``)."""
     torch.manual_seed(0)
-    router = TopKRouter(D, 4, 2, 0.5, 0.0, noise=kw.get("noise", False))
+    router = TopKRouter(D, 4, 2, 0.5, 0.0, noise=kw.get("noise", False), slots=kw.get("slots", "count"))
     moe = MoELayer(router, Experts(4, D, FFN, activation_dropout=kw.get("dropout", 0.0)), dispatch).train(train)
     x = x.clone().requires_grad_()
     torch.manual_seed(seed)
@@ -299,19 +299,24 @@ def padded_input():
     return torch.randn(7, 5, D), pad
 
 
-@pytest.mark.parametrize("dispatch", ["padded", "permute"])
+@pytest.mark.parametrize("dispatch,slots", [("padded", "count"), ("permute", "count"), ("grouped", "count"),
+                                            ("padded", "sort"), ("index", "sort"), ("grouped", "sort")])
 @pytest.mark.parametrize("case", ["training, noise and dropout", "training, padded", "inference, padded"])
-def test_every_dispatch_gives_the_index_dispatch_outputs_and_gradients(dispatch, case):
+def test_every_dispatch_gives_the_index_dispatch_outputs_and_gradients(dispatch, slots, case):
     """C = 0.5, so assignments are dropped. Without padding the buffers have the same shape, so
     router noise and the experts' dropout draw the same values whichever dispatch runs; with padding
     the buffers of the no-wait dispatches hold slots for the padding rows too, so noise and dropout
-    are off there (training mode: the capacity limit applies)."""
+    are off there (training mode: the capacity limit applies). ``grouped`` has no capacity-sized
+    buffers, so its dropout masks are of another shape: it runs with router noise alone. Either
+    slot numbering, within fp32 rounding of the default (``index``, counted slots)."""
     x, pad = padded_input()
     kw = {"noise": True, "dropout": 0.3} if case.endswith("dropout") else {}
+    if dispatch == "grouped" and kw:
+        kw["dropout"] = 0.0
     padding_mask = None if kw else pad
     train = case.startswith("training")
     y_ref, loss_ref, kept_ref, grads_ref = dispatched("index", x, padding_mask, 3, train, **kw)
-    y, loss, kept, grads = dispatched(dispatch, x, padding_mask, 3, train, **kw)
+    y, loss, kept, grads = dispatched(dispatch, x, padding_mask, 3, train, slots=slots, **kw)
     assert kept == kept_ref and (not train or kept < 70)  # 35 tokens x top-2, some dropped in training
     torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
@@ -319,7 +324,8 @@ def test_every_dispatch_gives_the_index_dispatch_outputs_and_gradients(dispatch,
         torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("dispatch,waits,atomic_adds", [("index", 1, 4), ("padded", 0, 3), ("permute", 0, 0)])
+@pytest.mark.parametrize("dispatch,waits,atomic_adds", [("index", 1, 4), ("padded", 0, 3), ("permute", 0, 0),
+                                                       ("grouped", 0, 5)])
 def test_host_waits_and_atomic_adds_of_each_dispatch(dispatch, waits, atomic_adds):
     """Counted operators of a training forward + backward over a padded batch (the host waits a GPU
     would make: the ``nonzero`` of the real tokens' rows; the scatter-adds: index_add and
@@ -330,7 +336,7 @@ def test_host_waits_and_atomic_adds_of_each_dispatch(dispatch, waits, atomic_add
     assert (counter.host_waits, counter.atomic_adds) == (waits, atomic_adds), counter.counts
 
 
-@pytest.mark.parametrize("dispatch", ["index", "padded", "permute"])
+@pytest.mark.parametrize("dispatch", ["index", "padded", "permute", "grouped"])
 def test_every_dispatch_trains_under_autocast(dispatch):
     """fairseq's ``--amp``: fp32 parameters and inputs, the experts' matmuls in half precision
     (autocast), so their outputs are half while the tokens are fp32. On the CPU with bf16 autocast,
@@ -344,3 +350,49 @@ def test_every_dispatch_trains_under_autocast(dispatch):
         assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
     reference = dispatched(dispatch, x, pad, 3)[0]
     torch.testing.assert_close(y.float(), reference, atol=0.05, rtol=0.05)  # bf16 keeps 8 bits
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+@pytest.mark.parametrize("padding", [False, True])
+def test_sorted_slots_are_the_counted_slots(routing, padding):
+    """The router's slots by a stable sort (``slots="sort"``) equal the running count's, assignment
+    by assignment, loads included, in either filling order; padding takes no slot (-1)."""
+    g = torch.Generator().manual_seed(5)
+    N, k, E = 300, 2, 4
+    expert = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])  # (N, k), distinct per token
+    real = (torch.rand(N, generator=g) > 0.2) if padding else None
+    counted = TopKRouter(D, E, k, routing=routing, slots="count").fill(expert, real)
+    by_sort = TopKRouter(D, E, k, routing=routing, slots="sort").fill(expert, real)
+    assert torch.equal(by_sort[0], counted[0]) and torch.equal(by_sort[1], counted[1])
+    assert (counted[0] == -1).any() == padding and counted[1].sum() == k * (N if real is None else real.sum())
+
+
+@pytest.mark.slow
+def test_the_compiled_region_equals_the_eager_layer_and_reuses_its_graph(monkeypatch):
+    """``compiled=True`` (``--moe-compile``) through ``aot_eager`` (the same graph capture and guards
+    as the default backend, and eager random numbers): bit-equal outputs, balance loss and
+    gradients with router noise and dropout in training, over five batch shapes with padding, and
+    one graph for all of them (shapes dynamic: no recompilation)."""
+    import torch._dynamo.utils as dynamo_utils
+    from fairseq_widearch.modules import moe as moe_module
+    monkeypatch.setattr(moe_module, "COMPILE_BACKEND", "aot_eager")
+    torch.manual_seed(0)
+    router = TopKRouter(D, 4, 2, 0.5)
+    experts = Experts(4, D, FFN, activation_dropout=0.2, dropout=0.3)
+    eager, compiled = (MoELayer(router, experts, "padded", compiled=c).train() for c in (False, True))
+    dynamo_utils.counters.clear()
+    for T, B in [(7, 5), (9, 3), (11, 8), (5, 16), (13, 2)]:
+        x = torch.randn(T, B, D)
+        pad = torch.zeros(B, T, dtype=torch.bool)
+        pad[0, -3:] = True
+        results = []
+        for layer in (compiled, eager):
+            inp = x.clone().requires_grad_()
+            torch.manual_seed(1)
+            y, routing = layer(inp, pad)
+            (y.pow(2).sum() + routing.balance_loss).backward()
+            results.append((y, routing.balance_loss, inp.grad, *(p.grad.clone() for p in layer.parameters())))
+            layer.zero_grad()
+        for got, expected in zip(*results):
+            assert torch.equal(got, expected)
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == 1 and not dynamo_utils.counters["recompiles"]
