@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Create the virtualenv ($VENV, default ./.venv) if absent and install fairseq-widearch into it
-# with its test and example extras. torch's pinned CPU build goes first: an unpinned torch (asked
-# for by fairseq) could otherwise pull a multi-GB CUDA build.
+# with its test and example extras. torch 2.13.0 goes first: an unpinned torch (asked for by
+# fairseq) could otherwise pull a newer multi-GB CUDA build. Where pip reads plain PyPI, whose Linux
+# wheel of torch is the CUDA build, set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu for the
+# CPU build (the machines this project is tested on serve the CPU build from their own pip index).
 #
 # Our fairseq (ve-fairseq 0.12.3) has wheels for CPython 3.11 and 3.12 only, so the virtualenv is
 # made with one of those: $PYTHON if set; else python3 if it is 3.11 or 3.12; else python3.12, then
@@ -64,6 +66,6 @@ else
 fi
 if ! "$VENV/bin/python" -c "import fairseq_widearch, pytest, xdist, sacremoses, subword_nmt, sacrebleu, mkdocstrings" 2>/dev/null; then
   echo "| installing torch (CPU build) and fairseq-widearch[test] into $VENV"
-  "$VENV/bin/python" -m pip install -q torch==2.13.0
+  "$VENV/bin/python" -m pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
 fi
