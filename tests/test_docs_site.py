@@ -15,7 +15,7 @@ from conftest import REPO
 WORKFLOW_WORDS = re.compile(
     r"(?<!upstream )(?<!upstream issues #5036 and )\bissues? \d+"  # an internal issue number
     r"|\bloans?\b"                                                    # a GPU machine lent
-    r"|(?<!scope=\")(?<!scope=')\bsessions?\b(?![-_ ]scope)"          # a work session
+    r"|(?<!scope=\")(?<!scope=')\bsessions?\b(?![-_ ]scope)"          # a period of work
     r"|\bcalls? [12]\b|\b(first|second|both|two) calls\b|\bthe device tool\b", re.IGNORECASE)
 #: What the product is made of (docs/data holds measurement records, which are checked too).
 SOURCES = ("README.md", "setup.py", "mkdocs.yml", "docs", "fairseq_widearch", "tests", "benchmarks", "examples")
@@ -58,10 +58,14 @@ def test_every_page_is_in_the_navigation():
     assert {p for p in pages if p not in config} == set()
 
 
-@pytest.mark.parametrize("text,found", [
-    ("as issue 56 asked", True), ("the fifth loan", True), ("in the next session", True),
-    ("call 1 as prepared", True), ("upstream issue #4696", False), ('@pytest.fixture(scope="session")', False),
-    ("once per routing call", False), ("session-scoped fixture", False)])
+#: Phrases the guard must flag, put together here so that no file holds them whole (this one is the
+#: guard's own and is not scanned), and phrases it must let pass.
+FLAGGED = [" ".join(words) for words in (("as", "issue", "56", "asked"), ("the", "fifth", "loan"),
+                                         ("in", "the", "next", "session"), ("call", "1", "as", "prepared"))]
+PASSED = ["upstream issue #4696", '@pytest.fixture(scope="session")', "once per routing call", "session-scoped fixture"]
+
+
+@pytest.mark.parametrize("text,found", [(text, True) for text in FLAGGED] + [(text, False) for text in PASSED])
 def test_the_words_guard_tells_them_apart(text, found):
     assert bool(WORKFLOW_WORDS.search(text)) == found
 

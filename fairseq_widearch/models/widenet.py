@@ -388,8 +388,6 @@ def validate_widenet_config(args):
                                  ("--moe-compile", args.moe_compile, False)):
         require(not (args.widenet_dense_ffn and value != default),
                 f"{flag} {value} concerns the MoE layer; --widenet-dense-ffn has none")
-    require(args.moe_dispatch == "padded" or not args.moe_compile,
-            f"--moe-compile needs --moe-dispatch padded, got {args.moe_dispatch}")
     require(not (args.widenet_dense_ffn and args.widenet_router_per_block),
             "--widenet-router-per-block needs the MoE layer; it cannot go with --widenet-dense-ffn")
     groups = args.widenet_routing_groups

@@ -253,6 +253,8 @@ class ExpertForm:
     layer only, the block's dropout after the combine."""
 
     def init_form(self, form: str, activation_fn: str, activation_dropout: float, dropout: float):
+        """The form's activation (:func:`activation`) and dropouts, probabilities in [0, 1):
+        ``activation_dropout`` after the first layer, ``dropout`` on the output (``released`` only)."""
         self.activation_fn = activation(activation_fn)
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=type(self).__name__)
         released = form == "released"
@@ -404,7 +406,7 @@ class MoELayer(nn.Module):
         if dispatch not in DISPATCH:
             raise ValueError(f"--moe-dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
         if compiled and dispatch != "padded":
-            raise ValueError(f"--moe-compile needs --moe-dispatch padded, got {dispatch!r}")
+            raise ValueError(f"--moe-compile needs --moe-dispatch padded, got {dispatch}")
         self.router, self.experts, self.dispatch, self.compiled = router, experts, dispatch, compiled
 
     @property
