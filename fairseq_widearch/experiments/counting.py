@@ -8,9 +8,35 @@ import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch._subclasses.fake_tensor import is_fake
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula
 
 from ..model_builder import build_model
+
+
+def _grouped_mm_flops(mat_a, mat_b, offs=None, *args, out_val=None, **kwargs) -> int:
+    """FLOPs of torch's grouped matrix product (``F.grouped_mm``, WideNet's ``--moe-dispatch
+    grouped``), which ``torch.utils.flop_counter`` does not count: 2 per multiply-add over what the
+    groups cover. ``offs`` (cumulative group ends) splits the rows of a 2-D ``mat_a`` against a 3-D
+    ``mat_b`` (the forward and the input's gradient), the contracted dimension of two 2-D operands
+    (the weights' gradient) or the columns of a 2-D ``mat_b`` against a 3-D ``mat_a``; rows past
+    ``offs[-1]`` are not computed, so not counted. Without real values of ``offs`` (fake or meta
+    tensors) the whole extent is counted."""
+    used = None if offs is None or is_fake(offs) or offs.device.type == "meta" else int(offs[-1])
+    (a, b) = (mat_a.shape, mat_b.shape)
+    if mat_a.dim() == 3 and mat_b.dim() == 3:
+        macs = a[0] * a[1] * a[2] * b[2]
+    elif mat_a.dim() == 2 and mat_b.dim() == 3:
+        macs = (a[0] if used is None else used) * a[1] * b[2]
+    elif mat_a.dim() == 2:
+        macs = a[0] * b[1] * (a[1] if used is None else used)
+    else:
+        macs = a[1] * a[2] * (b[1] if used is None else used)
+    return 2 * macs
+
+
+if torch.ops.aten._grouped_mm not in flop_registry:  # a later torch may count it itself
+    register_flop_formula(torch.ops.aten._grouped_mm, get_raw=True)(_grouped_mm_flops)
 
 
 def _unique_params(module, seen):
