@@ -21,18 +21,19 @@ def _grouped_mm_flops(mat_a, mat_b, offs=None, *args, out_val=None, **kwargs) ->
     ``mat_b`` (the forward and the input's gradient), the contracted dimension of two 2-D operands
     (the weights' gradient) or the columns of a 2-D ``mat_b`` against a 3-D ``mat_a``; rows past
     ``offs[-1]`` are not computed, so not counted. Without real values of ``offs`` (fake or meta
-    tensors) the whole extent is counted."""
-    used = None if offs is None or is_fake(offs) or offs.device.type == "meta" else int(offs[-1])
-    (a, b) = (mat_a.shape, mat_b.shape)
+    tensors) the whole extent is counted. Shapes as ``F.grouped_mm`` takes them (2-D or 3-D each);
+    returns FLOPs (an int); raises nothing of its own. Not a paper's equation: a counting rule."""
+    def covered(full: int) -> int:  # the extent of the dimension ``offs`` splits that the groups compute
+        return full if offs is None or is_fake(offs) or offs.device.type == "meta" else int(offs[-1])
+
+    a, b = mat_a.shape, mat_b.shape
     if mat_a.dim() == 3 and mat_b.dim() == 3:
-        macs = a[0] * a[1] * a[2] * b[2]
-    elif mat_a.dim() == 2 and mat_b.dim() == 3:
-        macs = (a[0] if used is None else used) * a[1] * b[2]
-    elif mat_a.dim() == 2:
-        macs = a[0] * b[1] * (a[1] if used is None else used)
-    else:
-        macs = a[1] * a[2] * (b[1] if used is None else used)
-    return 2 * macs
+        return 2 * a[0] * a[1] * a[2] * b[2]
+    if mat_a.dim() == 2 and mat_b.dim() == 3:
+        return 2 * covered(a[0]) * a[1] * b[2]
+    if mat_a.dim() == 2:
+        return 2 * a[0] * covered(a[1]) * b[1]
+    return 2 * a[1] * a[2] * covered(b[1])
 
 
 if torch.ops.aten._grouped_mm not in flop_registry:  # a later torch may count it itself
