@@ -75,6 +75,7 @@ def first(output) -> torch.Tensor:
 
 
 def sublayer_output(module, args, kwargs, output) -> torch.Tensor:
+    """A sub-layer's addition: its output (before the block's dropout)."""
     return first(output)
 
 
@@ -89,14 +90,14 @@ def block_output(layer, args, kwargs, output) -> torch.Tensor:
 
 
 def hooked_modules(model) -> Dict[torch.nn.Module, tuple]:
-    """Each module to measure -> (its names, one per call in call order, as a module shared across
-    blocks serves several; what it adds to the residual stream). Sub-layers are named
-    ``{stack}.{block}.{sub-layer}`` (a multi-path sub-layer measured at its fusion), pre-norm
-    blocks ``{stack}.{block}``."""
+    """Each module to measure -> (``"sublayer"`` or ``"block"``; its names, one per call in call
+    order, as a module shared across blocks serves several; what it adds to the residual stream).
+    Sub-layers are named ``{stack}.{block}.{sub-layer}`` (a multi-path sub-layer measured at its
+    fusion), pre-norm blocks ``{stack}.{block}``."""
     modules: Dict[torch.nn.Module, tuple] = {}
 
-    def add(module, name, added: Added):
-        modules.setdefault(module, ([], added))[0].append(name)
+    def add(module, part: str, name: str, added: Added):
+        modules.setdefault(module, (part, [], added))[1].append(name)
 
     for stack in ("encoder", "decoder"):
         for i, layer in enumerate(getattr(model, stack).layers):
@@ -104,9 +105,10 @@ def hooked_modules(model) -> Dict[torch.nn.Module, tuple]:
                 sublayer = getattr(layer, name, None)
                 if isinstance(sublayer, torch.nn.Module):
                     fusion = getattr(sublayer, "fusion", None)
-                    add(fusion or sublayer, f"{stack}.{i}.{name}", fused_paths if fusion else sublayer_output)
+                    add(fusion or sublayer, "sublayer", f"{stack}.{i}.{name}",
+                        fused_paths if fusion else sublayer_output)
             if getattr(layer, "normalize_before", True):  # multi-path layers are pre-norm throughout
-                add(layer, f"{stack}.{i}", block_output)
+                add(layer, "block", f"{stack}.{i}", block_output)
     return modules
 
 
@@ -123,14 +125,14 @@ def init_scales(flags: List[str], batch, dictionary: Dictionary, seed: int = 1) 
     arch = flags[flags.index("--arch") + 1]
     model = build_model(arch, [*flags, "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"],
                         src_dict=dictionary, known_only=True).train()
-    outputs: Dict[str, torch.Tensor] = {}
+    outputs: Dict[str, Dict[str, torch.Tensor]] = {"sublayer": {}, "block": {}}
 
-    def record(names: List[str], added: Added):
+    def record(part: str, names: List[str], added: Added):
         calls = iter(names)
-        return lambda module, args, kwargs, out: outputs.__setitem__(next(calls), added(module, args, kwargs, out))
+        return lambda *call: outputs[part].__setitem__(next(calls), added(*call))
 
-    hooks = [module.register_forward_hook(record(names, added), with_kwargs=True)
-             for module, (names, added) in hooked_modules(model).items()]
+    hooks = [module.register_forward_hook(record(*measured), with_kwargs=True)
+             for module, measured in hooked_modules(model).items()]
     logits, extra = model(batch["src_tokens"], batch["src_lengths"], batch["prev_output_tokens"])
     for hook in hooks:
         hook.remove()
@@ -138,12 +140,12 @@ def init_scales(flags: List[str], batch, dictionary: Dictionary, seed: int = 1) 
     loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, ignore_index=dictionary.pad())
     loss.backward()
     src_pad, tgt_pad = batch["src_tokens"].eq(dictionary.pad()), target.eq(dictionary.pad())
-    scales = {name: rms(out, src_pad if name.startswith("encoder") else tgt_pad) for name, out in outputs.items()}
+    scales = {part: {name: rms(out, src_pad if name.startswith("encoder") else tgt_pad) for name, out in named.items()}
+              for part, named in outputs.items()}
     states = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"], return_all_hiddens=True)
     encoder_grad = torch.stack([p.grad.norm() for name, p in model.encoder.named_parameters()
                                 if p.grad is not None and "embed" not in name]).norm().item()
-    return {"sublayer_rms": {n: v for n, v in scales.items() if n.count(".") == 2},
-            "block_rms": {n: v for n, v in scales.items() if n.count(".") == 1},
+    return {"sublayer_rms": scales["sublayer"], "block_rms": scales["block"],
             "residual_rms": rms(states["encoder_states"][-1], src_pad),
             "encoder_grad_norm": encoder_grad, "loss": loss.item()}
 
@@ -158,6 +160,7 @@ def by_kind(scales: Dict[str, float], part: int = -1) -> Dict[str, List[float]]:
 
 
 def value_range(scales: Dict[str, float]) -> Optional[List[float]]:
+    """``[lowest, highest]`` of the output RMS, None when nothing was measured."""
     return [min(scales.values()), max(scales.values())] if scales else None
 
 
@@ -196,8 +199,8 @@ def main():
     result = {}
     for name, flags in systems.items():
         scales = init_scales(flags, batch, dictionary)
-        values = list(scales["sublayer_rms"].values())
-        print(f"{name}: sub-layer output RMS {min(values):.3f}-{max(values):.3f} {by_kind(scales['sublayer_rms'])}, "
+        low, high = value_range(scales["sublayer_rms"])
+        print(f"{name}: sub-layer output RMS {low:.3f}-{high:.3f} {by_kind(scales['sublayer_rms'])}, "
               f"block output RMS {by_kind(scales['block_rms'], part=0)}, residual stream "
               f"{scales['residual_rms']:.3f}, encoder gradient norm {scales['encoder_grad_norm']:.3f}")
         result[name] = scales
