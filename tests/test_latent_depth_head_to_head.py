@@ -27,7 +27,7 @@ def small_multi30k(src, dst, lines=((("train", 300), ("val", 8), ("test_2016_fli
 @pytest.mark.slow
 def test_a_run_trains_its_updates_and_records_every_pairs_score(multi30k_dir, tmp_path):
     data, results = small_multi30k(multi30k_dir, tmp_path / "raw"), tmp_path / "rows.jsonl"
-    cmd = [sys.executable, RUNNER, "run", "--systems", "ours-objective_anchor,anchor_initialised", "--seeds", "1",
+    cmd = [sys.executable, RUNNER, "run", "--systems", "ours-objective_released,anchor_initialised", "--seeds", "1",
            "--max-update", "2", "--decode", "sampled", "--jobs", "2", "--results", results, "--work-dir",
            tmp_path / "work", "--data-dir", data]
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=900, env=ENV)
@@ -40,22 +40,22 @@ def test_a_run_trains_its_updates_and_records_every_pairs_score(multi30k_dir, tm
     assert mended["updates"] == 2 and sorted(mended["decode"]["sampled"]) == ["cs", "de", "fr"]
     assert all(abs(q - 0.5) < 0.01 for pair in mended["q_decoder"] for q in pair), mended["q_decoder"]
     [row] = rows.values()
-    assert row["system"] == "ours-objective_anchor" and row["updates"] == 2 and row["updates_per_s"] > 0
+    assert row["system"] == "ours-objective_released" and row["updates"] == 2 and row["updates_per_s"] > 0
     assert sorted(row["decode"]["sampled"]) == ["cs", "de", "fr"] and len(row["q_decoder"]) == 3
     assert all(score["ratio"] > 0 for score in row["decode"]["sampled"].values())
-    gen = (tmp_path / "work" / "generate-ours-objective_anchor-seed1-sampled-en-de.txt").read_text()
+    gen = (tmp_path / "work" / "generate-ours-objective_released-seed1-sampled-en-de.txt").read_text()
     assert gen.count("\nD-") + gen.startswith("D-") == 4  # every test sentence decoded
     report = subprocess.run([sys.executable, str(RUNNER), "report", "--results", str(results)],
                             capture_output=True, text=True, check=True).stdout
-    assert "| ours-objective_anchor | sampled | 2 |" in report
+    assert "| ours-objective_released | sampled | 2 |" in report
     # a second run of the recipe decodes again without training past --max-update
     again = subprocess.run(["bash", str(REPO / "examples" / "latent_depth" / "multi30k_o2m.sh"), "--objective",
-                            "anchor", "--max-update", "2", "--decode", "hard", "--work-dir", str(tmp_path / "work"),
+                            "released", "--max-update", "2", "--decode", "hard", "--work-dir", str(tmp_path / "work"),
                             "--data-dir", str(data)], capture_output=True, text=True, timeout=900, env=ENV)
     assert again.returncode == 0, again.stderr[-3000:]
-    lines = [ln for ln in again.stdout.splitlines() if ln.startswith("| ours-objective_anchor-seed1 en-")]
+    lines = [ln for ln in again.stdout.splitlines() if ln.startswith("| ours-objective_released-seed1 en-")]
     assert len(lines) == 3 and all(": BLEU = " in ln and "ratio = " in ln for ln in lines)
-    assert "| ours-objective_anchor-seed1: 2 updates" in again.stdout
+    assert "| ours-objective_released-seed1: 2 updates" in again.stdout
 
 
 def test_a_gap_counts_only_where_it_exceeds_the_seeds_spread():

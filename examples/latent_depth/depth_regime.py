@@ -18,7 +18,7 @@ settings of fairseq's ``examples/latent_depth`` README as far as they carry over
 Systems: ``static_D`` is fairseq's post-norm ``transformer_iwslt_de_en`` with a D-layer decoder;
 ``lld_D`` our ``latent_depth_transformer_o2m_12_24`` (post-norm, the released layer) with D latent
 decoder layers, target depth K = D / 2, under the released code's objective
-(``--latent-objective anchor``). Both: the scaled body (d 128, FFN 512, 4 heads, 12 encoder layers,
+(``--latent-objective released``). Both: the scaled body (d 128, FFN 512, 4 heads, 12 encoder layers,
 decoder input and output embeddings tied), Adam (0.9, 0.98), eps 1e-6, lr 0.0015, inverse-sqrt
 from 1e-7, clip-norm 1.0, dropout and attention dropout 0.3, label smoothing 0.1, 2,048 tokens per
 update. What is scaled: the width (512 -> 128, FFN 1024 -> 512) and the batch (the README's 4,096
@@ -114,7 +114,7 @@ def system_flags(system: str, schedule: dict) -> list:
                 "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
     return ["--arch", "latent_depth_transformer_o2m_12_24", *body, "--decoder-layers", depth,
             "--criterion", "latent_depth_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-            "--latent-objective", "anchor", "--latent-prior", "aggregated", "--latent-kl-weight", "0.1",
+            "--latent-objective", "released", "--latent-prior", "aggregated", "--latent-kl-weight", "0.1",
             "--latent-kl-anneal-updates", schedule["kl_anneal_updates"],
             "--latent-soft-updates", schedule["soft_updates"], "--latent-target-layers", str(int(depth) // 2),
             "--latent-depth-weight", "0.1"]

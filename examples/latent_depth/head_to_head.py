@@ -38,7 +38,7 @@ SYSTEMS = {
     "anchor": ["--impl", "anchor", "--decode", "sampled,all"],
     # the anchor with its layer logits initialised to q = 0.5 instead of uninitialised memory
     "anchor_initialised": ["--impl", "anchor_initialised", "--decode", "sampled,all"],
-    "ours-objective_anchor": ["--impl", "ours", "--objective", "anchor", "--decode", "soft,sampled,hard"],
+    "ours-objective_released": ["--impl", "ours", "--objective", "released", "--decode", "soft,sampled,hard"],
     "ours-objective_ours": ["--impl", "ours", "--objective", "ours", "--decode", "soft,sampled,hard"],
 }
 PAIRS = ("de", "fr", "cs")

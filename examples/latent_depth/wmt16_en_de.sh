@@ -8,22 +8,21 @@
 # ARCH: any Table 1 preset (lld_12_24, lld_12_48, llboth_36_36, llboth_48_48, llboth_64_64).
 # The paper gives no optimiser settings for WMT; these are the reference example's (Adam 0.9/0.98,
 # eps 1e-6, lr 0.0015, inverse sqrt with 8k warmup from 1e-7, clip 1.0, 4096 tokens, label
-# smoothing 0.1) and its latent settings: β = 0.1 on the KL averaged over the latent layers (ours
-# sums it: 0.1 / L, L the preset's latent layers per stack, its last number), ramped over 5k updates,
-# straight-through hard samples after 500. At β = 1 summed the KL holds every layer logit near 0
-# and hard selection keeps layers by noise (docs/claims.md, "Latent depth: why the LL-D run was
-# restarted"). Evaluation: last checkpoint, beam 5, length penalty 1.0, the soft layer weights (the
-# expectation of training's z; docs/latent_depth_transformer.md, "Decoding"). The paper prunes with
-# hard selection once q is near-discrete: prune_latent_layers (it warns when q is not) gives that
-# model, whose decoding equals hard selection (--latent-inference hard) on the latent one.
+# smoothing 0.1), and the latent settings are the criterion's and the preset's defaults, the
+# released example's: its objective (KL on the samples averaged over layers, β = 0.1), relaxed
+# samples for 500 updates and straight-through hard ones after, the KL ramped over 5,000, K = half
+# the latent layers with the sharing term (λ = 0.1). Evaluation: last checkpoint, beam 5, length
+# penalty 1.0, the soft layer weights (the expectation of training's z;
+# docs/latent_depth_transformer.md, "Decoding"). The paper prunes with hard selection once q is
+# near-discrete: prune_latent_layers (it warns when q is not) gives that model, whose decoding
+# equals hard selection on the latent one (fairseq-generate --model-overrides
+# "{'latent_inference': 'hard'}").
 set -euo pipefail
 DATA="$1"; shift
 ARCH="${ARCH:-latent_depth_transformer_lld_12_24}"
 SAVE="${SAVE:-checkpoints/$ARCH}"
-KL_WEIGHT="$(python -c "print(0.1 / ${ARCH##*_})")"
 fairseq-train "$DATA" --user-dir fairseq_widearch --arch "$ARCH" \
   --criterion latent_depth_label_smoothed_cross_entropy --label-smoothing 0.1 \
-  --latent-kl-weight "$KL_WEIGHT" --latent-kl-anneal-updates 5000 --latent-soft-updates 500 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-6 --clip-norm 1.0 --lr 0.0015 \
   --lr-scheduler inverse_sqrt --warmup-updates 8000 --warmup-init-lr 1e-7 --dropout 0.1 \
   --max-tokens 4096 --max-update 100000 --save-dir "$SAVE" --keep-last-epochs 5 --fp16 "$@"

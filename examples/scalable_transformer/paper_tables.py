@@ -31,10 +31,10 @@ def rows(vocab_size: int):
                TABLE1_FLOPS[i])
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vocab-size", type=int, default=32768, help="shared vocabulary (dictionary) size")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     print("| width | params M (Table 7 / Table 1) | ours | params M no I/O (Table 1) | ours | GFLOPs (Table 1) | ours |")
     print("|---|---|---|---|---|---|---|")
     worst = 0.0

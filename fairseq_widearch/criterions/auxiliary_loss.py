@@ -22,15 +22,16 @@ class AuxiliaryLossCriterion(LabelSmoothedCrossEntropyCriterion):
 
     STATS: Tuple[str, ...] = ()
 
-    def auxiliary(self, extra: Dict, ce_loss: Tensor) -> Tuple[Tensor, Dict[str, Tensor]]:
-        """-> (weighted auxiliary loss, scalar tensor; {stat: scalar tensor} for ``STATS``)."""
+    def auxiliary(self, extra: Dict, ce_loss: Tensor, sample: Dict) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """The model's ``extra``, the summed CE and the batch -> (weighted auxiliary loss, scalar
+        tensor; {stat: scalar tensor} for ``STATS``)."""
         raise NotImplementedError
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
         ce_loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
-        aux, stats = self.auxiliary(net_output[1], ce_loss)
+        aux, stats = self.auxiliary(net_output[1], ce_loss, sample)
         loss = ce_loss + aux.to(ce_loss.dtype) * sample_size if model.training else ce_loss
         logging_output = {
             "loss": loss.data, "ce_loss": ce_loss.data, "nll_loss": nll_loss.data, "ntokens": sample["ntokens"],

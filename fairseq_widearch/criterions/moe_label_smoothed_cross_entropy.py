@@ -40,7 +40,7 @@ class MoELabelSmoothedCrossEntropyCriterion(AuxiliaryLossCriterion):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.moe_balance_weight = moe_balance_weight
 
-    def auxiliary(self, extra, ce_loss):
+    def auxiliary(self, extra, ce_loss, sample):
         calls, loads = extra["moe_balance_loss"], extra["moe_load"]
         zero = ce_loss.new_zeros(())
         balance = torch.stack(calls).sum() if calls else zero

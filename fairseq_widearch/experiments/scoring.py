@@ -7,6 +7,7 @@ teacher-forced NLL of a model on prepared batches.
 prints the BLEU score of the ``D-<id>`` lines of ``fairseq-generate --tokenizer moses --bpe
 subword_nmt`` output, in corpus order, then its signature.
 """
+import argparse
 import math
 import subprocess
 import sys
@@ -105,7 +106,12 @@ def validation_nll(model, samples: list, pad: int) -> float:
 
 
 def main(argv=None):
-    gen_out, ref_path = (argv or sys.argv[1:])[:2]
+    p = argparse.ArgumentParser(description="sacreBLEU of fairseq-generate's detokenized hypotheses against a "
+                                            "raw reference")
+    p.add_argument("generate_output", help="fairseq-generate's output (its D- lines)")
+    p.add_argument("reference", help="the raw reference, one sentence per line")
+    args = p.parse_args(None if argv is None else [str(a) for a in argv])
+    gen_out, ref_path = args.generate_output, args.reference
     score, signature = corpus_bleu(gen_out, ref_path)
     print(f"| sacreBLEU of the detokenized translations against {ref_path}:\n{score}\nsignature: {signature}")
     return score.score

@@ -35,6 +35,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 import torch
 from torch import Tensor
 
+from ..criterions.latent_depth_label_smoothed_cross_entropy import OBJECTIVE_DEFAULTS
 from ..modules.language_pair import LanguagePairIndex
 from ..modules.layer_select import INFERENCE_MODES, LayerSelect, logistic_noise
 from .base import (
@@ -65,7 +66,10 @@ class LatentDepthConfig(TransformerConfig):
     )
     latent_temperature_anneal_updates: int = field(default=0, metadata={"help": "τ anneal window; 0 = constant τ"})
     latent_soft_updates: int = field(
-        default=-1, metadata={"help": "straight-through hard samples of z after this many updates; -1 = always soft"}
+        default=-1, metadata={"help": "s: relaxed samples of z for this many updates, straight-through hard ones "
+                                      "after (the released example's --soft-update); -1 = always relaxed (the "
+                                      "paper's text); the presets set the released example's, scaled to their "
+                                      "budget (-1 under --latent-objective ours)"}
     )
     latent_inference: ChoiceEnum(INFERENCE_MODES) = field(
         default="soft", metadata={"help": "z at inference: soft = the mean of the z training draws at the current "
@@ -322,42 +326,91 @@ class LatentDepthTransformerModel(WideTransformerModel):
         return LatentDepthDecoder if cfg.decoder_latent_layer else TransformerDecoderBase
 
 
+#: The released example's schedule (its README: --soft-update 500 --anneal-updates 5000), for the
+#: presets of the paper's budgets.
+RELEASED_SCHEDULE = (500, 5000)
+#: The same scaled to the Multi30k recipes, by their warm-up: the released example warms up over
+#: 8,000 updates, ours over 300, so s = 500·300/8000 ≈ 19 and a = 5000·300/8000 ≈ 188 (the L_K ramp
+#: ends at s + 2a = 395 of the 1,320-update comparison). The one-to-many regime study scales the
+#: same way (examples/latent_depth/depth_regime.py).
+MULTI30K_SCHEDULE = (19, 188)
+#: The tests' budget of a few updates: relaxed for 1, the KL ramp over 2, L_K fully on from update 5.
+TINY_SCHEDULE = (1, 2)
+
+
+def set_unset(args, **values):
+    """``args.<name> = value`` where the flag is absent or None (a criterion flag left unset)."""
+    for name, value in values.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def training_schedule(args, soft_updates: int, kl_anneal_updates: int):
+    """A preset's training schedule, where the user left it unset: s = ``--latent-soft-updates`` (relaxed
+    samples before it, straight-through hard from it) and a = ``--latent-kl-anneal-updates`` (the
+    criterion's KL ramp), the released example's scaled to the preset's budget, and β =
+    ``--latent-kl-weight``; under ``--latent-objective ours``, ours' (relaxed throughout, no ramp, β = 1:
+    ``OBJECTIVE_DEFAULTS``). The first preset in a chain wins."""
+    objective = getattr(args, "latent_objective", "released")
+    schedule = dict(latent_soft_updates=soft_updates, latent_kl_anneal_updates=kl_anneal_updates)
+    set_unset(args, **{**schedule, **{k: v for k, v in OBJECTIVE_DEFAULTS[objective].items() if k in schedule}},
+              latent_kl_weight=OBJECTIVE_DEFAULTS[objective]["latent_kl_weight"])
+
+
+def target_depth(args) -> int:
+    """K where unset: half the depth of the shallowest latent stack (the released example's 12 of 24),
+    0 (none) under ``--latent-objective ours``."""
+    if getattr(args, "latent_objective", "released") == "ours":
+        return OBJECTIVE_DEFAULTS["ours"]["latent_target_layers"]
+    depths = [n for latent, n in ((args.encoder_latent_layer, args.encoder_layers),
+                                  (args.decoder_latent_layer, args.decoder_layers)) if latent]
+    return min(depths, default=0) // 2
+
+
 @register_model_architecture("latent_depth_transformer", "latent_depth_transformer")
 def latent_depth_transformer(args):
     """Base preset: the body that fits Table 1's counts (d = 512, FFN 1024, 8 heads, pre-norm,
-    tied decoder input/output embeddings, separate vocabularies), latent decoder (LL-D)."""
+    tied decoder input/output embeddings, separate vocabularies), latent decoder (LL-D), trained as
+    the released example trains (:func:`training_schedule` at its 500 and 5,000 updates; K
+    :func:`target_depth`)."""
+    training_schedule(args, *RELEASED_SCHEDULE)
     set_defaults(args, **{**_LATENT_DEFAULTS, "decoder_latent_layer": True}, encoder_ffn_embed_dim=1024,
                  encoder_normalize_before=True, decoder_normalize_before=True,
                  share_decoder_input_output_embed=True)
     base_architecture(args)
+    set_unset(args, latent_target_layers=target_depth(args))
 
 
 for _name, (_enc, _dec, _both) in {"lld_12_24": (12, 24, False), "lld_12_48": (12, 48, False),
                                    "llboth_36_36": (36, 36, True), "llboth_48_48": (48, 48, True),
                                    "llboth_64_64": (64, 64, True)}.items():
     register_preset("latent_depth_transformer", f"latent_depth_transformer_{_name}", latent_depth_transformer,
-                    f"Li et al. 2020, Table 1: {'LL-Both' if _both else 'LL-D'}, {_enc}/{_dec} layers.",
-                    encoder_layers=_enc, decoder_layers=_dec, encoder_latent_layer=_both, decoder_latent_layer=True)
+                    f"Li et al. 2020, Table 1: {'LL-Both' if _both else 'LL-D'}, {_enc}/{_dec} layers, K = "
+                    f"{_dec // 2}.", encoder_layers=_enc, decoder_layers=_dec, encoder_latent_layer=_both,
+                    decoder_latent_layer=True)
 
 
 register_preset("latent_depth_transformer", "latent_depth_transformer_o2m_12_24", latent_depth_transformer,
                 "Li et al. 2020, Table 3: LL-D 12/24 as fairseq's examples/latent_depth trains it (the body of "
                 "multilingual_transformer_iwslt_de_en: post-norm, d = 512, FFN 1024, 4 heads; dropout and attention "
-                "dropout 0.3).", encoder_layers=12, decoder_layers=24, encoder_attention_heads=4,
+                "dropout 0.3; s 500, a 5,000, K 12).", encoder_layers=12, decoder_layers=24, encoder_attention_heads=4,
                 decoder_attention_heads=4, encoder_normalize_before=False, decoder_normalize_before=False,
                 dropout=0.3, attention_dropout=0.3)
 
 
 @register_model_architecture("latent_depth_transformer", "latent_depth_transformer_multi30k")
 def latent_depth_transformer_multi30k(args):
-    """Quick-start size (the shared Multi30k body) with 6 latent decoder layers (LL-D 3/6)."""
+    """Quick-start size (the shared Multi30k body) with 6 latent decoder layers (LL-D 3/6), the released
+    schedule scaled to the Multi30k recipes' warm-up (:data:`MULTI30K_SCHEDULE`: s 19, a 188; K 3)."""
     set_defaults(args, **{**MULTI30K_BODY, "decoder_layers": 6})
+    training_schedule(args, *MULTI30K_SCHEDULE)
     latent_depth_transformer(args)
 
 
 @register_model_architecture("latent_depth_transformer", "latent_depth_transformer_tiny")
 def latent_depth_transformer_tiny(args):
-    """Tiny model for tests: LL-Both, 2 encoder and 3 decoder layers, d = 32."""
+    """Tiny model for tests: LL-Both, 2 encoder and 3 decoder layers, d = 32; :data:`TINY_SCHEDULE`, K 1."""
     set_defaults(args, encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=4, encoder_layers=2,
                  decoder_layers=3, decoder_attention_heads=4, encoder_latent_layer=True)
+    training_schedule(args, *TINY_SCHEDULE)
     latent_depth_transformer(args)

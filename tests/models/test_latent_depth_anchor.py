@@ -84,13 +84,17 @@ def test_same_log_probabilities_as_the_authors_model(encoder_latent, selection):
     assert not torch.allclose(mine[real], torch.log_softmax(torch.zeros_like(mine[real]), -1), atol=1e-2)
 
 
-# --- the released code's objective as --latent-objective anchor ---
+# --- the released code's objective: --latent-objective released ---
 anchor_loss = pytest.importorskip("fairseq.examples.latent_depth.latent_depth_src.loss.latent_depth")
 SOFT, ANNEAL, BETA, LAMBDA, K = 300, 300, 0.1, 0.1, 3
+#: Before s (KL weight < 0), at s, inside the KL ramp, at s + a (L_K still off), just after it, inside
+#: the L_K ramp, at its end (s + 2a) and after it.
+SCHEDULE_POINTS = [100, 300, 450, 600, 601, 700, 900, 1000]
 
 
-def anchor_objective(samples, prior, num_updates, sample_sizes):
-    """The released code's auxiliary loss for one update of one batch per pair (its task's train_step)."""
+def released_loss(samples, prior, num_updates, sample_sizes):
+    """The released code's auxiliary loss for one update of one batch per pair (its task's train_step),
+    the batch of pair n holding ``sample_sizes[n]`` target tokens."""
     args = Namespace(prior={"aggregated": "agged_posterior"}.get(prior, prior), sparsity_weight=BETA,
                      soft_update=SOFT, anneal_updates=ANNEAL, target_layers=K, share_weight=LAMBDA)
     per_pair = list(samples)
@@ -99,40 +103,85 @@ def anchor_objective(samples, prior, num_updates, sample_sizes):
     return kl + anchor_loss.LatentLayersSparsityLoss(args)(per_pair, num_updates, sum(sample_sizes))
 
 
-def our_objective(samples, prior, num_updates, sample_sizes):
-    """Ours under --latent-objective anchor on the same samples, one batch per pair: Σ_n size_n · aux_n."""
-    crit = LatentDepthCriterion(SimpleNamespace(target_dictionary=dummy_dictionary(VOCAB)), False, 0.1,
-                                latent_kl_weight=BETA, latent_kl_anneal_updates=ANNEAL, latent_prior=prior,
-                                latent_target_layers=K, latent_depth_weight=LAMBDA, latent_objective="anchor")
-    total = 0
+def released_criterion(**kw):
+    return LatentDepthCriterion(SimpleNamespace(target_dictionary=dummy_dictionary(VOCAB)), False, 0.1,
+                                **{**dict(latent_kl_weight=BETA, latent_kl_anneal_updates=ANNEAL, latent_target_layers=K,
+                                          latent_depth_weight=LAMBDA, latent_objective="released"), **kw})
+
+
+def batch_of(pairs, lengths):
+    """Ours' view of one batch: each sentence's pair ``(B,)`` and a right-padded target of ``lengths`` tokens."""
+    target = torch.full((len(lengths), max(lengths)), 1)  # pad = 1
+    for row, n in enumerate(lengths):
+        target[row, :n] = 5
+    return torch.tensor(pairs), {"target": target}
+
+
+def our_aux(crit, samples, num_updates, pair, sample):
+    extra = {"latent_probs_decoder": [torch.sigmoid(torch.zeros_like(samples))], "latent_samples_decoder": [samples],
+             "latent_num_updates": [torch.tensor(float(num_updates))],
+             "latent_soft_updates": [torch.tensor(float(SOFT))], "latent_pair": [pair]}
+    return crit.auxiliary(extra, torch.zeros(()), sample)[0]
+
+
+def ours_per_pair_batches(samples, prior, num_updates, sample_sizes):
+    """Ours on the same samples, one batch per pair as the released task takes them: Σ_n tokens_n · aux_n."""
+    crit = released_criterion(latent_prior=prior)
+    return sum(size * our_aux(crit, samples, num_updates, *batch_of([n] * 4, [size // 4] * 4))
+               for n, size in enumerate(sample_sizes))
+
+
+def ours_one_mixed_batch(samples, prior, num_updates, sample_sizes):
+    """Ours on one batch holding every pair's sentences (as translation_multi_simple_epoch mixes them),
+    shuffled, each pair's sentences of unequal lengths: tokens · aux."""
+    pairs, lengths = [], []
     for n, size in enumerate(sample_sizes):
-        extra = {"latent_probs_decoder": [torch.sigmoid(torch.zeros_like(samples))], "latent_samples_decoder": [samples],
-                 "latent_num_updates": [torch.tensor(float(num_updates))],
-                 "latent_soft_updates": [torch.tensor(float(SOFT))], "latent_pair": [torch.full((4,), n)]}
-        total = total + size * crit.auxiliary(extra, torch.zeros(()))[0]
-    return total
+        pairs += [n] * 3
+        lengths += [size // 2, size // 3, size - size // 2 - size // 3]
+    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0)).tolist()
+    pair, sample = batch_of([pairs[i] for i in order], [lengths[i] for i in order])
+    return sum(sample_sizes) * our_aux(released_criterion(latent_prior=prior), samples, num_updates, pair, sample)
 
 
-@pytest.mark.parametrize("num_updates", [100, 450, 700, 1000])  # KL weight < 0, KL ramp, L_K ramp, all on
+@pytest.mark.parametrize("ours", [ours_per_pair_batches, ours_one_mixed_batch], ids=["per-pair", "mixed"])
+@pytest.mark.parametrize("num_updates", SCHEDULE_POINTS)
 @pytest.mark.parametrize("prior", ["uniform", "aggregated"])
 @pytest.mark.parametrize("hard", [False, True], ids=["relaxed", "straight-through"])
-def test_anchor_objective_equals_the_released_loss_modules(prior, num_updates, hard):
+def test_released_objective_equals_the_released_loss_modules(prior, num_updates, hard, ours):
     g = torch.Generator().manual_seed(num_updates)
     soft = torch.rand(3, 6, generator=g).clamp(0.05, 0.95)
     values, grads = [], []
-    for objective in (anchor_objective, our_objective):
+    for objective in (released_loss, ours):
         leaf = soft.clone().requires_grad_()
         samples = (leaf > 0.5).float() - leaf.detach() + leaf if hard else leaf  # as both sample
-        loss = objective(samples, prior, num_updates, [1200, 900, 700])
+        loss = objective(samples, prior, num_updates, [1200, 900, 600])  # the pairs' target tokens
         loss.backward()
         values.append(loss.item())
         grads.append(leaf.grad)
     assert values[0] == pytest.approx(values[1], rel=1e-5, abs=1e-4)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-4)
-    assert grads[0].abs().sum() > 0
+    assert (grads[0].abs().sum() > 0) == (num_updates != SOFT)  # at s the KL weight is 0 and L_K is off
 
 
-def test_anchor_objective_refuses_what_the_released_code_lacks():
-    with pytest.raises(ValueError, match="--latent-prior uniform or aggregated"):
-        LatentDepthCriterion(SimpleNamespace(target_dictionary=dummy_dictionary(VOCAB)), False, 0.1,
-                             latent_prior="beta", latent_kl_anneal_updates=300, latent_objective="anchor")
+def test_an_all_zero_aggregate_takes_the_uniform_prior_over_layers_where_the_released_loss_is_nan():
+    zeros = torch.zeros(3, 6, requires_grad=True)
+    assert torch.isnan(released_loss(zeros, "aggregated", 450, [8, 8, 8]))
+    pair, sample = batch_of([0, 1, 2], [8, 8, 8])
+    ours = our_aux(released_criterion(latent_prior="aggregated"), zeros, 450, pair, sample)
+    ours.backward()
+    # inside the KL ramp (weight 0.05, L_K off), each pair a third of the tokens, p_l = 1/6:
+    # d/dz [z (log(z + ε) − log(p + ε)) / L] at z = 0 is (log ε − log(1/6 + ε)) / 6
+    eps = torch.tensor(1e-7)
+    expected = 0.05 / 3 * (eps.log() - (1 / 6 + eps).log()) / 6
+    assert ours.item() == 0.0
+    torch.testing.assert_close(zeros.grad, expected.expand(3, 6))
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(latent_prior="beta"), "--latent-prior uniform or aggregated"),
+    (dict(latent_kl_anneal_updates=None), "needs --latent-kl-anneal-updates > 0"),
+    (dict(latent_kl_anneal_updates=0), "needs --latent-kl-anneal-updates > 0"),
+])
+def test_released_objective_refuses_what_the_released_code_lacks(kw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        released_criterion(**kw)

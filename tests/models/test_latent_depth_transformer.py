@@ -192,10 +192,12 @@ def test_invalid_configs_fail_at_build_time_naming_the_flag(flags, overrides, me
 from types import SimpleNamespace  # noqa: E402
 
 from fairseq_widearch.criterions import LatentDepthCriterion  # noqa: E402
-from conftest import train  # noqa: E402
+from conftest import REPO, train  # noqa: E402
 
 
 def criterion(**kw):
+    """The criterion under Eq. 8 as printed (``ours``) unless ``kw`` names another objective."""
+    kw = {"latent_objective": "ours", **kw}
     return LatentDepthCriterion(SimpleNamespace(target_dictionary=dummy_dictionary(VOCAB)), False, 0.1, **kw)
 
 
@@ -210,7 +212,7 @@ def test_kl_against_a_beta_prior_matches_its_closed_form():
     p = a / (a + b)
     closed_form = (q * torch.log(q / p) + (1 - q) * torch.log((1 - q) / (1 - p))).sum()
     aux, stats = criterion(latent_prior="beta", latent_prior_beta="3,1").auxiliary(
-        extra(q.tolist(), [1.0, 0.0, 1.0]), torch.zeros(()))
+        extra(q.tolist(), [1.0, 0.0, 1.0]), torch.zeros(()), None)
     torch.testing.assert_close(stats["latent_kl"], closed_form)
     torch.testing.assert_close(aux, closed_form)  # β = 1, no annealing, no target depth
 
@@ -218,14 +220,14 @@ def test_kl_against_a_beta_prior_matches_its_closed_form():
 def test_kl_annealing_and_target_depth_loss():
     crit = criterion(latent_kl_weight=2.0, latent_kl_anneal_updates=100, latent_target_layers=1,
                      latent_depth_weight=0.5)
-    half, stats = crit.auxiliary(extra([0.5, 0.5, 0.5], [1.0, 0.0, 1.0], num_updates=50.0), torch.zeros(()))
+    half, stats = crit.auxiliary(extra([0.5, 0.5, 0.5], [1.0, 0.0, 1.0], num_updates=50.0), torch.zeros(()), None)
     assert stats["latent_depth_loss"].item() == 1.0 and stats["latent_depth_decoder"].item() == 2.0  # (2 - 1)^2
     assert stats["latent_kl"].item() == pytest.approx(0.0, abs=1e-6)  # q = uniform prior
     assert half.item() == pytest.approx(0.0, abs=1e-6)  # L_K waits for the end of the KL ramp
-    done, _ = crit.auxiliary(extra([0.9, 0.5, 0.5], [1.0, 0.0, 1.0], num_updates=100.0), torch.zeros(()))
+    done, _ = crit.auxiliary(extra([0.9, 0.5, 0.5], [1.0, 0.0, 1.0], num_updates=100.0), torch.zeros(()), None)
     kl = (0.9 * torch.log(torch.tensor(1.8)) + 0.1 * torch.log(torch.tensor(0.2))).item()
     assert done.item() == pytest.approx(2.0 * kl + 0.5 * 1.0, rel=1e-4)
-    ramp, _ = crit.auxiliary(extra([0.9, 0.5, 0.5], [1.0, 0.0, 1.0], num_updates=25.0), torch.zeros(()))
+    ramp, _ = crit.auxiliary(extra([0.9, 0.5, 0.5], [1.0, 0.0, 1.0], num_updates=25.0), torch.zeros(()), None)
     assert ramp.item() == pytest.approx(0.25 * 2.0 * kl, rel=1e-4)
 
 
@@ -235,7 +237,7 @@ def test_kl_annealing_and_target_depth_loss():
 ])
 def test_criterion_config_errors(kw, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        criterion(**kw).auxiliary(extra([0.5] * 3, [1.0] * 3), torch.zeros(()))
+        criterion(**kw).auxiliary(extra([0.5] * 3, [1.0] * 3), torch.zeros(()), None)
 
 
 @pytest.mark.slow
@@ -308,11 +310,11 @@ def test_kl_against_the_aggregated_posterior_weights_pairs_by_their_batch_share(
     kl = q * torch.log(q / prior) + (1 - q) * torch.log((1 - q) / (1 - prior))
     ex = {"latent_probs_decoder": [q], "latent_samples_decoder": [torch.tensor([[1.0, 0.0], [1.0, 1.0]])],
           "latent_num_updates": [torch.tensor(0.0)], "latent_pair": [torch.tensor([0, 1, 1, 1])]}
-    aux, stats = criterion(latent_prior="aggregated").auxiliary(ex, torch.zeros(()))
+    aux, stats = criterion(latent_prior="aggregated").auxiliary(ex, torch.zeros(()), None)
     torch.testing.assert_close(stats["latent_kl"], 0.25 * kl[0].sum() + 0.75 * kl[1].sum())
     assert stats["latent_depth_decoder"].item() == 1.5  # u = (1, 0.5): samples averaged over the pairs
     with pytest.raises(ValueError, match="--latent-prior aggregated needs a multilingual model"):
-        criterion(latent_prior="aggregated").auxiliary(extra([0.5] * 3, [1.0] * 3), torch.zeros(()))
+        criterion(latent_prior="aggregated").auxiliary(extra([0.5] * 3, [1.0] * 3), torch.zeros(()), None)
 
 
 @pytest.mark.slow
@@ -382,7 +384,62 @@ def test_a_bilingual_lld_checkpoint_decodes_sampled():
 
 def test_no_recipe_or_study_decodes_with_hard_selection():
     """Hard selection on an undecided posterior runs a depth training never sampled."""
-    from conftest import REPO
     for path in [*REPO.glob("examples/**/*.sh"), *REPO.glob("examples/**/*.py")]:
         text = path.read_text()
         assert not re.search(r"""latent_inference['"]?\s*[:=]\s*['"]hard""", text), path
+
+
+# --- the default: trained as the released example trains, per preset ---
+def training_config(arch, *flags):
+    """(s, objective, β, a, K, λ) as fairseq-train's parser and the arch preset give them."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    argv = ["data-bin", "--user-dir", str(REPO / "fairseq_widearch"), "--arch", arch, "--criterion",
+            "latent_depth_label_smoothed_cross_entropy", *flags]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    c = cfg.criterion
+    return (cfg.model.latent_soft_updates, c.latent_objective, c.latent_kl_weight, c.latent_kl_anneal_updates,
+            c.latent_target_layers, c.latent_depth_weight)
+
+
+@pytest.mark.parametrize("arch,expected", [
+    ("latent_depth_transformer", (500, "released", 0.1, 5000, 3, 0.1)),  # LL-D, fairseq's 6 decoder layers
+    ("latent_depth_transformer_lld_12_24", (500, "released", 0.1, 5000, 12, 0.1)),  # the README's 12 of 24
+    ("latent_depth_transformer_o2m_12_24", (500, "released", 0.1, 5000, 12, 0.1)),
+    ("latent_depth_transformer_llboth_36_36", (500, "released", 0.1, 5000, 18, 0.1)),
+    ("latent_depth_transformer_multi30k", (19, "released", 0.1, 188, 3, 0.1)),  # warm-up 300 of 8,000
+    ("latent_depth_transformer_tiny", (1, "released", 0.1, 2, 1, 0.1)),  # LL-Both 2/3: half the shallower
+])
+def test_each_preset_trains_as_the_released_example_at_its_budget_and_depth(arch, expected):
+    assert training_config(arch) == expected
+
+
+@pytest.mark.parametrize("arch", ["latent_depth_transformer_multi30k", "latent_depth_transformer_lld_12_24"])
+def test_the_printed_objective_restores_the_former_defaults(arch):
+    """--latent-objective ours: Eq. 8 with β = 1, no ramp, no target, relaxed samples throughout."""
+    assert training_config(arch, "--latent-objective", "ours") == (-1, "ours", 1.0, 0, 0, 0.1)
+
+
+def test_flags_the_user_gives_win_over_the_preset_schedule():
+    flags = ["--latent-soft-updates", "7", "--latent-kl-anneal-updates", "50", "--latent-target-layers", "2",
+             "--latent-kl-weight", "0.3", "--decoder-layers", "12"]
+    assert training_config("latent_depth_transformer_multi30k", *flags) == (7, "released", 0.3, 50, 2, 0.1)
+    assert training_config("latent_depth_transformer_multi30k", "--decoder-layers", "12")[4] == 6  # K follows depth
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_the_former_default_decodes_as_it_was_trained(multi30k_bin, tmp_path):
+    """A model trained under the former defaults (Eq. 8, relaxed samples throughout: its checkpoint
+    stores --latent-soft-updates -1) keeps them when loaded: its soft weights at inference are the
+    mean of the relaxed samples it trained on, not σ(α), whatever the preset's schedule is now."""
+    from fairseq import checkpoint_utils
+    from fairseq_widearch.modules.layer_select import expected_relaxed_sample
+    train(multi30k_bin, tmp_path, "latent_depth_transformer_tiny", "--latent-objective", "ours", max_update=2)
+    [model], cfg = checkpoint_utils.load_model_ensemble([str(tmp_path / "checkpoint_last.pt")])
+    select = model.decoder.layer_select
+    assert cfg.model.latent_soft_updates == -1 and select.soft_updates == -1
+    model.eval()
+    with torch.no_grad():
+        select.logits.fill_(2.0)
+        torch.testing.assert_close(select(), expected_relaxed_sample(select.logits.float(), 5.0))
+        assert not torch.allclose(select(), torch.sigmoid(select.logits.float()), atol=0.05)
