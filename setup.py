@@ -1,12 +1,11 @@
 """fairseq-widearch: wide Transformer architectures as a fairseq plugin."""
 from setuptools import find_packages, setup
 
-# Upstream fairseq 0.12.2 does not import on Python >= 3.11 (mutable dataclass defaults);
-# ve-fairseq 0.12.3 is a prebuilt cp311 wheel of the same upstream code (imports as `fairseq`).
-FAIRSEQ = [
-    "fairseq==0.12.2; python_version < '3.11'",
-    "ve-fairseq==0.12.3; python_version >= '3.11'",
-]
+# PyPI's fairseq 0.12.2 does not import on Python >= 3.11 (mutable dataclass defaults);
+# ve-fairseq 0.12.3 is prebuilt cp311 and cp312 wheels of upstream fairseq's main branch after the
+# 0.12.2 release (imports as `fairseq`; docs/fairseq_fixes.md says where it differs from 0.12.2).
+# The package is tested on CPython 3.11 and 3.12 only.
+FAIRSEQ = ["ve-fairseq==0.12.3"]
 
 PLOTS = ["matplotlib"]  # the plot_* tools of fairseq_widearch.cli
 EXAMPLES = ["sacremoses", "subword-nmt", "sacrebleu>=2.0"] + PLOTS
@@ -22,7 +21,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["fairseq_widearch", "fairseq_widearch.*"]),
-    python_requires=">=3.8, <3.13",  # ve-fairseq has wheels for CPython 3.11 and 3.12 only
+    python_requires=">=3.11, <3.13",  # ve-fairseq has wheels for CPython 3.11 and 3.12 only
     install_requires=["torch>=2.0"] + FAIRSEQ,
     extras_require={
         "examples": EXAMPLES,

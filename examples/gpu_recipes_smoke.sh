@@ -10,7 +10,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DATA="$(realpath "${1:-$ROOT/runs/multi30k/data/bin}")"
 WORK="$(mkdir -p "${2:-$ROOT/runs/recipes_smoke}" && realpath "${2:-$ROOT/runs/recipes_smoke}")"
-cd "$ROOT"  # the recipes name --user-dir fairseq_widearch relative to the repo root
+cd "$ROOT"  # the recipes keep their checkpoints under checkpoints/ unless SAVE is set
 
 recipe() {  # name script [flags]: the recipe's exit status and the last lines of its log
   local name=$1 script=$2

@@ -18,15 +18,16 @@
 # equals hard selection on the latent one (fairseq-generate --model-overrides
 # "{'latent_inference': 'hard'}").
 set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"  # runs from any directory
 DATA="$1"; shift
 ARCH="${ARCH:-latent_depth_transformer_lld_12_24}"
 SAVE="${SAVE:-checkpoints/$ARCH}"
-fairseq-train "$DATA" --user-dir fairseq_widearch --arch "$ARCH" \
+fairseq-train "$DATA" --user-dir "$ROOT/fairseq_widearch" --arch "$ARCH" \
   --criterion latent_depth_label_smoothed_cross_entropy --label-smoothing 0.1 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-6 --clip-norm 1.0 --lr 0.0015 \
   --lr-scheduler inverse_sqrt --warmup-updates 8000 --warmup-init-lr 1e-7 --dropout 0.1 \
   --max-tokens 4096 --max-update 100000 --save-dir "$SAVE" --keep-last-epochs 5 --fp16 "$@"
-fairseq-generate "$DATA" --user-dir fairseq_widearch --path "$SAVE/checkpoint_last.pt" \
+fairseq-generate "$DATA" --user-dir "$ROOT/fairseq_widearch" --path "$SAVE/checkpoint_last.pt" \
   --model-overrides "{'latent_inference': 'soft'}" --beam 5 --lenpen 1.0 --remove-bpe --batch-size 128 \
   --gen-subset test --scoring sacrebleu > "$SAVE/generate-test.txt"
 tail -1 "$SAVE/generate-test.txt"

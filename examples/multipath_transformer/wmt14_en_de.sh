@@ -14,17 +14,22 @@
 # common En-De choice, not the paper's). The batch is
 # read as 8,192 tokens per GPU over 8 GPUs (--max-tokens 8192); with fewer GPUs raise --update-freq
 # so that GPUs x update-freq = 8. See docs/multipath_transformer.md.
+# examples/translation/prepare-wmt14en2de.sh is in fairseq's source repository
+# (https://github.com/facebookresearch/fairseq/tree/main/examples/translation), not in the installed
+# wheel: fetch it from there. By default it prepares WMT'17 training data (newstest2014 as test);
+# its --icml17 option gives the WMT'14 data of Vaswani et al., which the papers' tables use.
 set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"  # runs from any directory
 DATA="$1"; shift
 ARCH="${ARCH:-multipath_transformer_6l_4p}"
 SAVE="${SAVE:-checkpoints/$ARCH}"
-fairseq-train "$DATA" --user-dir fairseq_widearch --arch "$ARCH" \
+fairseq-train "$DATA" --user-dir "$ROOT/fairseq_widearch" --arch "$ARCH" \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --optimizer adam --adam-betas '(0.9, 0.997)' --clip-norm 0.0 --lr 0.002 --lr-scheduler inverse_sqrt \
   --warmup-updates 16000 --warmup-init-lr 1e-07 --max-tokens 8192 --update-freq 1 --max-epoch 50 \
   --save-dir "$SAVE" --save-interval-updates 2000 --keep-interval-updates 5 --no-epoch-checkpoints --fp16 "$@"
 python -m fairseq_widearch.cli.average_checkpoints --inputs "$SAVE" --num-update-checkpoints 5 \
   --out "$SAVE/checkpoint_avg5.pt"
-fairseq-generate "$DATA" --user-dir fairseq_widearch --path "$SAVE/checkpoint_avg5.pt" \
+fairseq-generate "$DATA" --user-dir "$ROOT/fairseq_widearch" --path "$SAVE/checkpoint_avg5.pt" \
   --beam 4 --lenpen 0.6 --remove-bpe --batch-size 128 --gen-subset test > "$SAVE/generate-test.txt"
 tail -1 "$SAVE/generate-test.txt"  # fairseq's BLEU line (tokenized, as in the WMT14 literature)

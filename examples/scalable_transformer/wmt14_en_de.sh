@@ -16,6 +16,10 @@
 # checkpoints averaged, every width decoded with beam 4, lenpen 0.6. Each stage starts from the
 # previous one with --finetune-from-model (fresh optimizer, schedule and data iterator; an
 # interrupted stage resumes from its own checkpoint when the script is run again).
+# examples/translation/prepare-wmt14en2de.sh is in fairseq's source repository
+# (https://github.com/facebookresearch/fairseq/tree/main/examples/translation), not in the installed
+# wheel: fetch it from there. By default it prepares WMT'17 training data (newstest2014 as test);
+# its --icml17 option gives the WMT'14 data of Vaswani et al., which the papers' tables use.
 set -euo pipefail
 DATA="$1"; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

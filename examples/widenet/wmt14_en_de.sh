@@ -9,15 +9,20 @@
 # the rest is fairseq's transformer-base WMT recipe (Adam 0.9/0.98, lr 7e-4, inverse sqrt with
 # 4k warmup, label smoothing 0.1, dropout 0.1, 4096 tokens x 8 GPUs) and beam 4, lenpen 0.6;
 # the paper's LAMB optimizer (pre-training) is not in fairseq. See docs/widenet.md.
+# examples/translation/prepare-wmt14en2de.sh is in fairseq's source repository
+# (https://github.com/facebookresearch/fairseq/tree/main/examples/translation), not in the installed
+# wheel: fetch it from there. By default it prepares WMT'17 training data (newstest2014 as test);
+# its --icml17 option gives the WMT'14 data of Vaswani et al., which the papers' tables use.
 set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"  # runs from any directory
 DATA="$1"; shift
 SAVE="${SAVE:-checkpoints/widenet_wmt_en_de}"
-fairseq-train "$DATA" --user-dir fairseq_widearch --arch widenet_wmt_en_de \
+fairseq-train "$DATA" --user-dir "$ROOT/fairseq_widearch" --arch widenet_wmt_en_de \
   --criterion moe_label_smoothed_cross_entropy --label-smoothing 0.1 --moe-balance-weight 0.01 \
   --moe-experts 4 --moe-top-k 2 --moe-capacity-factor 1.2 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 --lr 7e-4 --lr-scheduler inverse_sqrt \
   --warmup-updates 4000 --max-tokens 4096 --update-freq 1 --max-update 300000 \
   --save-dir "$SAVE" --keep-last-epochs 5 --fp16 "$@"
-fairseq-generate "$DATA" --user-dir fairseq_widearch --path "$SAVE/checkpoint_best.pt" \
+fairseq-generate "$DATA" --user-dir "$ROOT/fairseq_widearch" --path "$SAVE/checkpoint_best.pt" \
   --beam 4 --lenpen 0.6 --remove-bpe --batch-size 128 --gen-subset test > "$SAVE/generate-test.txt"
 tail -1 "$SAVE/generate-test.txt"  # fairseq's BLEU line (tokenized, as in the WMT14 literature)

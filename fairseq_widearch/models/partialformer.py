@@ -99,7 +99,7 @@ class PartialFormerConfig(TransformerConfig):
     partial_attention_kernel: ChoiceEnum(KERNELS) = field(
         default="auto", metadata={"help": "how each AFFN's attention is computed, the same outputs: auto (SDPA "
                                           "unless head scaling), explicit (softmax always), sdpa (SDPA always, the "
-                                          "head-scaled logits as its mask); docs/partialformer.md, 'Speed'"}
+                                          "head-scaled logits as its mask); docs/partialformer.md, 'Attention kernel'"}
     )
     partialformer_stacks: ChoiceEnum(STACKS) = field(
         default="both", metadata={"help": "PartialFormer layers in both stacks, the encoder only or the decoder only "
