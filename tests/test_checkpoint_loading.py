@@ -101,3 +101,14 @@ def test_average_checkpoints_of_the_last_updates(multi30k_bin, tmp_path):
     for name, value in averaged["model"].items():
         torch.testing.assert_close(value, (states[0]["model"][name] + states[1]["model"][name]) / 2)
     assert averaged["last_optimizer_state"] is None
+
+
+def test_averaging_finds_the_interval_or_the_epoch_checkpoints_a_recipe_keeps(tmp_path):
+    from fairseq_widearch.cli.average_checkpoints import latest_checkpoints
+    for name in ("checkpoint_1_100.pt", "checkpoint_2_250.pt", "checkpoint_3_300.pt", "checkpoint2.pt",
+                 "checkpoint10.pt", "checkpoint9.pt", "checkpoint_best.pt", "checkpoint_last.pt"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in latest_checkpoints(tmp_path, 2)] == ["checkpoint_2_250.pt", "checkpoint_3_300.pt"]
+    assert [p.name for p in latest_checkpoints(tmp_path, 2, "epochs")] == ["checkpoint9.pt", "checkpoint10.pt"]
+    with pytest.raises(SystemExit, match="holds 3 checkpoint<epoch>.pt files, fewer than 4"):
+        latest_checkpoints(tmp_path, 4, "epochs")

@@ -48,7 +48,7 @@ stage 3 30 0.004 "$SAVE/distilled" "$SAVE/stage3" --lambda3 0.9 \
 
 # the last 10 epoch checkpoints (--keep-last-epochs 10), whichever epochs stage 3 ended at
 python -m fairseq_widearch.cli.average_checkpoints --out "$SAVE/stage3/checkpoint_avg10.pt" \
-  --inputs $(ls "$SAVE"/stage3/checkpoint[0-9]*.pt | sort -V | tail -10)
+  --inputs "$SAVE/stage3" --num-epoch-checkpoints 10
 for width in 256 320 384 448 512 576 640 704 768 832 896 960 1024; do
   fairseq-generate "$DATA" --user-dir "$ROOT/fairseq_widearch" --path "$SAVE/stage3/checkpoint_avg10.pt" \
     --task scalable_translation --eval-width "$width" --beam 4 --lenpen 0.6 --remove-bpe --batch-size 128 \

@@ -1,12 +1,14 @@
 """Average the parameters of the last N checkpoints (the papers' "last 10 checkpoints averaged").
 
     python -m fairseq_widearch.cli.average_checkpoints --inputs DIR --num-update-checkpoints N --out OUT
+    python -m fairseq_widearch.cli.average_checkpoints --inputs DIR --num-epoch-checkpoints N --out OUT
     python -m fairseq_widearch.cli.average_checkpoints --inputs A.pt B.pt ... --out OUT
 
 fairseq's own ``scripts/average_checkpoints.py`` is not part of its wheels, and it loads
 checkpoints with torch's old unsafe default; this does the same under weights-only loading. With a
 directory, the N ``checkpoint_<epoch>_<updates>.pt`` files with the most updates are averaged (save
-them with ``--save-interval-updates``). The output keeps the newest checkpoint's config and drops
+them with ``--save-interval-updates``), or with ``--num-epoch-checkpoints`` the N ``checkpoint<epoch>.pt``
+files of the last epochs (what ``--keep-last-epochs`` keeps), as fairseq's script names them. The output keeps the newest checkpoint's config and drops
 optimizer state. Floating-point tensors are averaged in float64 and cast back; others are taken
 from the newest checkpoint.
 
@@ -23,12 +25,20 @@ import torch
 import fairseq_widearch  # noqa: F401  (allows loading fairseq checkpoints)
 
 
-def update_checkpoints(directory: Path, count: int):
-    """The ``count`` interval checkpoints of ``directory`` with the most updates, oldest first."""
-    found = sorted((int(m[1]), path) for path in directory.glob("checkpoint_*_*.pt")
-                   if (m := re.fullmatch(r"checkpoint_\d+_(\d+)\.pt", path.name)))
+#: How fairseq names a directory's interval checkpoints and its epoch checkpoints, by the number
+#: that orders them.
+PATTERNS = {"updates": (r"checkpoint_\d+_(\d+)\.pt", "checkpoint_<epoch>_<updates>.pt"),
+            "epochs": (r"checkpoint(\d+)\.pt", "checkpoint<epoch>.pt")}
+
+
+def latest_checkpoints(directory: Path, count: int, by: str = "updates"):
+    """The ``count`` checkpoints of ``directory`` with the most updates (``by="updates"``) or of the
+    last epochs (``"epochs"``), oldest first. Exits naming the pattern if there are fewer."""
+    pattern, name = PATTERNS[by]
+    found = sorted((int(m[1]), path) for path in directory.glob("checkpoint*.pt")
+                   if (m := re.fullmatch(pattern, path.name)))
     if len(found) < count:
-        sys.exit(f"error: {directory} holds {len(found)} checkpoint_<epoch>_<updates>.pt files, fewer than {count}")
+        sys.exit(f"error: {directory} holds {len(found)} {name} files, fewer than {count}")
     return [path for _, path in found[-count:]]
 
 
@@ -52,12 +62,18 @@ def average(paths) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--inputs", nargs="+", required=True, help="checkpoint files, or one directory")
-    p.add_argument("--num-update-checkpoints", type=int, default=10, help="with a directory: how many to average")
+    count = p.add_mutually_exclusive_group()
+    count.add_argument("--num-update-checkpoints", type=int, help="with a directory: how many interval "
+                       "checkpoints (checkpoint_<epoch>_<updates>.pt) to average; the default, 10")
+    count.add_argument("--num-epoch-checkpoints", type=int, help="with a directory: how many epoch checkpoints "
+                       "(checkpoint<epoch>.pt, kept by --keep-last-epochs) to average")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     inputs = [Path(x) for x in args.inputs]
     if len(inputs) == 1 and inputs[0].is_dir():
-        inputs = update_checkpoints(inputs[0], args.num_update_checkpoints)
+        by_epochs = args.num_epoch_checkpoints is not None
+        inputs = latest_checkpoints(inputs[0], args.num_epoch_checkpoints if by_epochs else args.num_update_checkpoints or 10,
+                                    "epochs" if by_epochs else "updates")
     torch.save(average(inputs), args.out)
     print(f"| averaged {len(inputs)} checkpoints ({inputs[0].name} ... {inputs[-1].name}) -> {args.out}")
 
