@@ -15,8 +15,8 @@
 # penalty 1.0, the soft layer weights (the expectation of training's z;
 # docs/latent_depth_transformer.md, "Decoding"). The paper prunes with hard selection once q is
 # near-discrete: prune_latent_layers (it warns when q is not) gives that model, whose decoding
-# equals hard selection on the latent one (fairseq-generate --model-overrides
-# "{'latent_inference': 'hard'}").
+# equals the latent model's hard selection (its latent_inference set to hard through
+# fairseq-generate's --model-overrides).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"  # runs from any directory
 DATA="$1"; shift

@@ -61,6 +61,14 @@ OBJECTIVE_DEFAULTS = {
     "released": dict(latent_kl_weight=0.1),
     "ours": dict(latent_kl_weight=1.0, latent_kl_anneal_updates=0, latent_target_layers=0, latent_soft_updates=-1),
 }
+
+
+def objective_of(args) -> str:
+    """The objective a config trains under: ``ours`` where it says so, else ``released`` (the
+    default; configs stored before this name call it ``anchor``)."""
+    return "ours" if getattr(args, "latent_objective", "released") == "ours" else "released"
+
+
 #: ε of the released code's KL on samples.
 RELEASED_EPS = 1e-7
 STACKS = ("encoder", "decoder")
@@ -163,7 +171,9 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
 
     Raises:
         ValueError: at construction on a malformed ``--latent-prior-beta``, a negative K, a Beta prior
-            or a non-positive a under the released objective; at the first batch if K exceeds a
+            a non-positive or unset a, an unset K or ``--latent-utilization probs`` under the released
+            objective (fairseq-train's presets set a and K; give them under fairseq-hydra-train); at
+            the first batch if K exceeds a
             latent stack's depth, the model has no latent layers, or the aggregated prior meets a model
             with one posterior.
     """
@@ -179,6 +189,9 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
             raise ValueError(f"--latent-objective must be one of {OBJECTIVES}, got {latent_objective!r}")
         unset = {**dict(latent_kl_anneal_updates=0, latent_target_layers=0), **OBJECTIVE_DEFAULTS[latent_objective]}
         latent_kl_weight = unset["latent_kl_weight"] if latent_kl_weight is None else latent_kl_weight
+        if latent_target_layers is None and latent_objective == "released":
+            raise ValueError("--latent-objective released needs --latent-target-layers K (0: none; every "
+                             "latent_depth_transformer preset sets half its latent layers)")
         latent_target_layers = unset["latent_target_layers"] if latent_target_layers is None else latent_target_layers
         if latent_kl_anneal_updates is None:
             latent_kl_anneal_updates = unset["latent_kl_anneal_updates"]
@@ -192,6 +205,9 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
         if latent_objective == "released" and latent_prior == "beta":
             raise ValueError("--latent-objective released has the released code's priors only: --latent-prior "
                              "uniform or aggregated")
+        if latent_objective == "released" and latent_utilization != "samples":
+            raise ValueError("--latent-objective released estimates u_l from the samples, as the released code "
+                             "does: --latent-utilization probs is Eq. 8's option (--latent-objective ours)")
         if latent_objective == "released" and latent_kl_anneal_updates <= 0:
             raise ValueError(f"--latent-objective released needs --latent-kl-anneal-updates > 0 (the released code's "
                              f"--anneal-updates; every latent_depth_transformer preset sets it for its budget), got "
@@ -250,18 +266,20 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
 
     def released_auxiliary(self, extra, ce_loss, sample):
         """``--latent-objective released``: the released code's KL, L_K and sharing entropy (module
-        docstring), per stack, on the samples; each pair's KL weighted by its share of the target
-        tokens of ``sample``, as the released code weights each pair's batch by its tokens."""
+        docstring), per stack, on the samples; each pair's KL weighted by its share of ``sample``'s
+        sample size (its target tokens, or its sentences with ``--sentence-avg``), as the released
+        code weights each pair's batch by its sample size."""
         kl_weight, depth_weight = released_weights(float(extra["latent_num_updates"][0]),
                                                    float(extra["latent_soft_updates"][0]), self.kl_anneal_updates,
                                                    self.kl_weight, self.depth_weight)
         kl, depth_loss, sharing = (ce_loss.new_zeros(()) for _ in range(3))
         stats = {}
         pair = extra["latent_pair"][0] if "latent_pair" in extra else None
-        tokens = sample["target"].ne(self.padding_idx).sum(-1) if pair is not None else None  # (B,)
+        # each pair weighted by its part of the sample size, as the released task weights each pair's batch
+        sizes = None if pair is None or self.sentence_avg else sample["target"].ne(self.padding_idx).sum(-1)  # (B,)
         for stack in self.stacks(extra):
             samples = extra[f"latent_samples_{stack}"][0].float()  # (P, L)
-            kl = kl + pair_shares(pair, len(samples), samples, tokens) @ released_kl(samples, self.prior)
+            kl = kl + pair_shares(pair, len(samples), samples, sizes) @ released_kl(samples, self.prior)
             utilization = samples.mean(0)
             stats[f"latent_depth_{stack}"] = utilization.sum()
             if self.target_layers:  # the released code adds neither term without a target depth

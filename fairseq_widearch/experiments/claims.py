@@ -59,7 +59,7 @@ def build_claims() -> Dict[str, Claim]:
     # ours) at the released example's KL strength (its --sparsity-weight 0.1 on the KL averaged over
     # layers; ours sums it: 0.1 / 12), straight-through hard samples after 300 updates, the KL ramped
     # over 300, K 6, λ 0.1. The released objective, the latent-depth default, trains apart from these
-    # rows (docs/claims.md, "Latent depth").
+    # rows (the claims table's latent-depth row in docs/claims.md says so).
     latent = ("--arch", "latent_depth_transformer_multi30k", "--decoder-layers", "12", "--latent-objective", "ours",
               "--latent-kl-weight", str(RELEASED_KL_WEIGHT / 12), "--latent-kl-anneal-updates", "300",
               "--latent-soft-updates", "300", "--latent-target-layers", "6", "--latent-depth-weight", "0.1")

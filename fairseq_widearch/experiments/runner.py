@@ -58,9 +58,9 @@ def fairseq_train(data, save: Path, flags: Sequence, stop: Sequence = (), cpu: b
         subprocess.CalledProcessError: if fairseq-train fails (its output in ``save/train.log``).
     """
     finished = save / "training.json"
+    same_training(save, flags)  # before the finished shortcut: a finished run of other flags is not this one
     if finished.exists():
         return json.loads(finished.read_text())
-    same_training(save, flags)
     cmd = [BIN / "fairseq-train", data, "--user-dir", USER_DIR, *(["--cpu"] if cpu else []), "--num-workers", "0",
            *flags, "--save-dir", save, *stop, "--log-format", "simple", "--log-interval", log_interval]
     with open(save / "train.log", "a") as log:

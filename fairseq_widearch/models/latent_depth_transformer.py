@@ -35,7 +35,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 import torch
 from torch import Tensor
 
-from ..criterions.latent_depth_label_smoothed_cross_entropy import OBJECTIVE_DEFAULTS
+from ..criterions.latent_depth_label_smoothed_cross_entropy import OBJECTIVE_DEFAULTS, objective_of
 from ..modules.language_pair import LanguagePairIndex
 from ..modules.layer_select import INFERENCE_MODES, LayerSelect, logistic_noise
 from .base import (
@@ -65,11 +65,11 @@ class LatentDepthConfig(TransformerConfig):
         default=5.0, metadata={"help": "τ at the end of --latent-temperature-anneal-updates (exponential decay)"}
     )
     latent_temperature_anneal_updates: int = field(default=0, metadata={"help": "τ anneal window; 0 = constant τ"})
-    latent_soft_updates: int = field(
-        default=-1, metadata={"help": "s: relaxed samples of z for this many updates, straight-through hard ones "
-                                      "after (the released example's --soft-update); -1 = always relaxed (the "
-                                      "paper's text); the presets set the released example's, scaled to their "
-                                      "budget (-1 under --latent-objective ours)"}
+    latent_soft_updates: Optional[int] = field(
+        default=None, metadata={"help": "s: relaxed samples of z for this many updates, straight-through hard ones "
+                                        "after (the released example's --soft-update); -1 = always relaxed (the "
+                                        "paper's text); unset: the preset's, the released example's scaled to its "
+                                        "budget (-1 under --latent-objective ours)"}
     )
     latent_inference: ChoiceEnum(INFERENCE_MODES) = field(
         default="soft", metadata={"help": "z at inference: soft = the mean of the z training draws at the current "
@@ -105,7 +105,7 @@ def build_layer_select(cfg, num_layers: int) -> LayerSelect:
 
 def latent_residual(layer, x: Tensor, layer_norm, sublayer, z: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
     """One residual branch scaled by z_l: ``x + z·F(Norm(x))`` pre-norm (Eqs. 1-2), ``Norm(x + z·F(x))``
-    post-norm (the released example's ``residual_connection`` under ``multilingual_transformer_iwslt_de_en``,
+    post-norm (the released example's ``residual_connection`` in its ``latent_multilingual_transformer``,
     where z = 0 still normalises). x ``(T, B, C)``; z scalar or ``(B, 1)`` per sentence; ``sublayer`` maps
     ``(T, B, C)`` to (output ``(T, B, C)``, attention weights or None); returns (x, those weights)."""
     h, weights = sublayer(layer_norm(x) if layer.normalize_before else x)
@@ -351,7 +351,7 @@ def training_schedule(args, soft_updates: int, kl_anneal_updates: int):
     criterion's KL ramp), the released example's scaled to the preset's budget, and β =
     ``--latent-kl-weight``; under ``--latent-objective ours``, ours' (relaxed throughout, no ramp, β = 1:
     ``OBJECTIVE_DEFAULTS``). The first preset in a chain wins."""
-    objective = getattr(args, "latent_objective", "released")
+    objective = objective_of(args)
     schedule = dict(latent_soft_updates=soft_updates, latent_kl_anneal_updates=kl_anneal_updates)
     set_unset(args, **{**schedule, **{k: v for k, v in OBJECTIVE_DEFAULTS[objective].items() if k in schedule}},
               latent_kl_weight=OBJECTIVE_DEFAULTS[objective]["latent_kl_weight"])
@@ -360,7 +360,7 @@ def training_schedule(args, soft_updates: int, kl_anneal_updates: int):
 def target_depth(args) -> int:
     """K where unset: half the depth of the shallowest latent stack (the released example's 12 of 24),
     0 (none) under ``--latent-objective ours``."""
-    if getattr(args, "latent_objective", "released") == "ours":
+    if objective_of(args) == "ours":
         return OBJECTIVE_DEFAULTS["ours"]["latent_target_layers"]
     depths = [n for latent, n in ((args.encoder_latent_layer, args.encoder_layers),
                                   (args.decoder_latent_layer, args.decoder_layers)) if latent]
@@ -392,6 +392,7 @@ for _name, (_enc, _dec, _both) in {"lld_12_24": (12, 24, False), "lld_12_48": (1
 
 register_preset("latent_depth_transformer", "latent_depth_transformer_o2m_12_24", latent_depth_transformer,
                 "Li et al. 2020, Table 3: LL-D 12/24 as fairseq's examples/latent_depth trains it (the body of "
+                "the example's latent_multilingual_transformer, which its README's command calls "
                 "multilingual_transformer_iwslt_de_en: post-norm, d = 512, FFN 1024, 4 heads; dropout and attention "
                 "dropout 0.3; s 500, a 5,000, K 12).", encoder_layers=12, decoder_layers=24, encoder_attention_heads=4,
                 decoder_attention_heads=4, encoder_normalize_before=False, decoder_normalize_before=False,

@@ -177,8 +177,19 @@ def test_an_all_zero_aggregate_takes_the_uniform_prior_over_layers_where_the_rel
     torch.testing.assert_close(zeros.grad, expected.expand(3, 6))
 
 
+def test_with_sentence_avg_each_pair_is_weighted_by_its_sentences_as_the_released_task_weights_it():
+    samples = torch.rand(3, 6, generator=torch.Generator().manual_seed(0)).clamp(0.05, 0.95)
+    pair, sample = batch_of([0, 2, 0, 1, 2, 2], [9, 2, 4, 7, 3, 5])  # 2, 1 and 3 sentences
+    crit = released_criterion(latent_prior="aggregated")
+    crit.sentence_avg = True
+    ours = 6 * our_aux(crit, samples, 700, pair, sample)
+    assert ours.item() == pytest.approx(released_loss(samples, "aggregated", 700, [2, 1, 3]).item(), rel=1e-5)
+
+
 @pytest.mark.parametrize("kw,message", [
     (dict(latent_prior="beta"), "--latent-prior uniform or aggregated"),
+    (dict(latent_utilization="probs"), "--latent-utilization probs is Eq. 8's option"),
+    (dict(latent_target_layers=None), "needs --latent-target-layers K"),
     (dict(latent_kl_anneal_updates=None), "needs --latent-kl-anneal-updates > 0"),
     (dict(latent_kl_anneal_updates=0), "needs --latent-kl-anneal-updates > 0"),
 ])

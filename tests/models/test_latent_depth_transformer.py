@@ -427,6 +427,16 @@ def test_flags_the_user_gives_win_over_the_preset_schedule():
     assert training_config("latent_depth_transformer_multi30k", "--decoder-layers", "12")[4] == 6  # K follows depth
 
 
+def test_a_config_stored_under_the_objective_s_former_name_builds_the_released_schedule():
+    """Checkpoints trained before the objective was named ``released`` store ``anchor``; loading
+    one runs the preset on its stored config."""
+    from argparse import Namespace
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+    args = Namespace(latent_objective="anchor")
+    ARCH_CONFIG_REGISTRY["latent_depth_transformer_multi30k"](args)
+    assert (args.latent_soft_updates, args.latent_kl_anneal_updates, args.latent_target_layers) == (19, 188, 3)
+
+
 @pytest.mark.slow
 def test_a_checkpoint_of_the_former_default_decodes_as_it_was_trained(multi30k_bin, tmp_path):
     """A model trained under the former defaults (Eq. 8, relaxed samples throughout: its checkpoint
