@@ -119,3 +119,28 @@ def test_side_by_side_throughput_times_every_system_in_one_process_without_check
     # stage 2 trains every width of the scalable model: more FLOPs per token than its widest alone
     widest = compare.training_setup(compare.SYSTEMS["scalable_transformer"], str(multi30k_bin), batches=1)
     assert speeds["scalable_transformer"]["train_flops_per_token"] > compare.training_flops_per_token(widest)
+
+
+def test_a_latent_depth_row_records_its_posterior_and_expected_depth():
+    import torch
+    from fairseq_widearch.experiments.compare import latent_posterior
+    from fairseq_widearch.model_builder import build_model
+    model = build_model("latent_depth_transformer_tiny", [], vocab_size=40)
+    with torch.no_grad():
+        model.decoder.layer_select.logits.copy_(torch.tensor([[2.0, 0.0, -2.0]]))
+    posterior = latent_posterior(model)
+    assert posterior["latent_q_decoder"] == [[0.8808, 0.5, 0.1192]]
+    assert posterior["latent_expected_depth_decoder"] == 1.5 and posterior["latent_expected_depth_encoder"] == 1.0
+    assert latent_posterior(build_model("transformer_tiny", [], vocab_size=40)) == {}
+
+
+def test_a_finished_run_of_other_flags_is_refused_not_taken(tmp_path):
+    """A run directory whose training finished under other flags (a system changed since) raises
+    instead of handing back the old run as this one."""
+    from fairseq_widearch.experiments import runner
+    save = tmp_path / "run"
+    runner.same_training(save, ["--arch", "a", "--latent-kl-weight", "1.0"])
+    (save / "training.json").write_text(json.dumps({"epochs": 1, "updates": 10, "train_seconds": 1.0}))
+    assert runner.fairseq_train("data", save, ["--arch", "a", "--latent-kl-weight", "1.0"])["updates"] == 10
+    with pytest.raises(ValueError, match="started with other flags"):
+        runner.fairseq_train("data", save, ["--arch", "a"])

@@ -59,8 +59,7 @@ SYSTEMS = {
     "transformer": ["--arch", "transformer", *BODY, "--encoder-layers", "4", "--decoder-layers", "4", *PRE_NORM],
     "multipath_transformer": ["--arch", "multipath_transformer_multi30k"],
     "widenet": ["--arch", "widenet_multi30k", "--moe-balance-weight", "0.01"],
-    "latent_depth_transformer": ["--arch", "latent_depth_transformer_multi30k",
-                                 "--latent-kl-weight", "1.0", "--latent-kl-anneal-updates", "300"],
+    "latent_depth_transformer": ["--arch", "latent_depth_transformer_multi30k"],
     "partialformer": ["--arch", "partialformer_multi30k"],
     "scalable_transformer": SCALABLE,
 }
@@ -164,7 +163,21 @@ def model_size(checkpoint: Path, data: str, width: int = 0) -> dict:
     if width:
         model.set_sample_config(width)
     params = sub_transformer_param_counts(model) if width else param_counts(model)
-    return {"params": params["params"], "macs": count_macs(model)}
+    return {"params": params["params"], "macs": count_macs(model), **latent_posterior(model)}
+
+
+def latent_posterior(model) -> dict:
+    """A latent-depth model's final q(z_l = 1) per layer of each latent stack (``latent_q_<stack>``,
+    one list per language pair, rounded to 4 places) and its expected depth Σ_l q_l
+    (``latent_expected_depth_<stack>``, of the first pair); {} for any other model."""
+    posterior = {}
+    for stack in ("encoder", "decoder"):
+        select = getattr(getattr(model, stack), "layer_select", None)
+        if select is not None:
+            q = select.probs().detach()
+            posterior[f"latent_q_{stack}"] = [[round(v, 4) for v in row] for row in q.tolist()]
+            posterior[f"latent_expected_depth_{stack}"] = round(q[0].sum().item(), 3)
+    return posterior
 
 
 def decode(args, checkpoint: Path, out: Path, width: int = 0) -> dict:
@@ -332,7 +345,8 @@ def main(argv=None):
     if set(systems) - set(speeds):
         peak = matmul_peak_flops()  # fp32, this CPU, in this process
         print(f"| fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s; training speed side by side", flush=True)
-        speeds = side_by_side_throughput({name: training_flags(name) for name in systems}, args.data, peak)
+        speeds = side_by_side_throughput({name: [*training_flags(name), *args.train_flags] for name in systems},
+                                         args.data, peak)
         speed_file.write_text(json.dumps({**speeds, "matmul_peak_gflops": round(peak / 1e9, 1)}, indent=1))
     summary = summarise([r for r in rows if r["system"].split(" ")[0] in systems], speeds)
     print(table(summary))
