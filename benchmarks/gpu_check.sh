@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU machine's one command (docs/gpu.md, "The GPU check"): installs the
-# carried cp312 wheels of .gpu/wheels beside that machine's own torch (seconds), then runs
+# The GPU check in one command (docs/gpu.md, "The GPU check"), on a GPU machine with its own torch:
+# installs the cp312 wheels prepared in .gpu/wheels beside that torch (seconds, offline), then runs
 # benchmarks/gpu_check.py, whose steps each have their own limit (9 minutes in all on one H100).
 # Prepare .gpu here first: bash benchmarks/gpu_check_prepare.sh
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What benchmarks/gpu_check.sh needs on the bare GPU machine (Python 3.12, its own torch, no package
-# registry), prepared here into ./.gpu (git-ignored; docs/gpu.md, "Install on a GPU machine"):
+# What benchmarks/gpu_check.sh needs on a GPU machine with Python 3.12 and its own torch, offline,
+# prepared on a machine with internet access into ./.gpu (git-ignored; docs/gpu.md, "Install on a GPU machine"):
 #   .gpu/wheels/     the cp312 wheels of fairseq and of what it needs beyond that machine's image
 #   .gpu/multi30k/   the quick start's prepared Multi30k (bin/, bpe/codes, test.ref.de), 12 MB
 # Then copy .gpu to the GPU machine with the repository. Idempotent: what is there already is kept.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Where the time of a missed speed target goes (docs/gpu.md, "Current figures"): each case's step
-run under ``torch.profiler``, its device time split by operator and by our modules.
+run under ``torch.profiler``, its GPU time (or CPU time) split by operator and by our modules.
 
 Cases (``--cases``, comma-separated):
 
@@ -12,8 +12,8 @@ Cases (``--cases``, comma-separated):
   Transformer twin.
 
 Per profiled model, after one untimed warm-up: ``--steps`` steps recorded with the CPU and, on a GPU,
-the CUDA activity. Printed: device time per step, device kernels (operators on the CPU) per step,
-the ``--top`` operators by self device time, and the forward time inside each module of depth
+the CUDA activity. Printed: GPU (or CPU) time per step, kernels (operators on the CPU) per step,
+the ``--top`` operators by self GPU (or CPU) time, and the forward time inside each module of depth
 ``--depth`` (scopes from forward hooks; backward time is not attributed to modules). The last
 line is one JSON object with all of it.
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Create the virtualenv ($VENV, default ./.venv) if absent and install fairseq-widearch into it
 # with its test and example extras. torch 2.13.0 goes first: an unpinned torch (asked for by
-# fairseq) could otherwise pull a newer multi-GB CUDA build. Where pip reads plain PyPI, whose Linux
-# wheel of torch is the CUDA build, set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu for the
-# CPU build (the machines this project is tested on serve the CPU build from their own pip index).
+# fairseq) could otherwise pull a newer multi-GB CUDA build. torch comes from TORCH_INDEX_URL when set,
+# else from pip's own index (pip.conf, PIP_INDEX_URL); plain PyPI's Linux wheel of torch is the CUDA
+# build, so with PyPI set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu for the CPU build.
 #
 # Our fairseq (ve-fairseq 0.12.3) has wheels for CPython 3.11 and 3.12 only, so the virtualenv is
 # made with one of those: $PYTHON if set; else python3 if it is 3.11 or 3.12; else python3.12, then

@@ -2,8 +2,8 @@
 
 Importing this package (``--user-dir fairseq_widearch``) registers every model, architecture
 preset, criterion and task, lets torch >= 2.6 load fairseq checkpoints safely
-(:mod:`fairseq_widearch.checkpoint_loading`), and fixes fairseq's silent errors
-(:mod:`fairseq_widearch.fairseq_fixes`: every sentence batched, no auxiliary loss dropped,
+(``fairseq_widearch.checkpoint_loading``), and fixes fairseq's silent errors
+(``fairseq_widearch.fairseq_fixes``: every sentence batched, no auxiliary loss dropped,
 ``--patience`` kept across a resumed run, no update past ``--max-update`` on a rerun, ``--amp``'s
 loss-scale flags obeyed, ``--bf16`` without a TPU, in training and decoding).
 """

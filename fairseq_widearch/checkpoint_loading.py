@@ -46,9 +46,9 @@ FAIRSEQ_CHECKPOINT_GLOBALS = [
 
 
 def allow_fairseq_checkpoint_globals():
-    """Add :data:`FAIRSEQ_CHECKPOINT_GLOBALS` to torch's weights-only allow-list.
+    """Add ``FAIRSEQ_CHECKPOINT_GLOBALS`` to torch's weights-only allow-list.
 
-    Idempotent; called when :mod:`fairseq_widearch` is imported. A no-op on torch < 2.4,
+    Idempotent; called when ``fairseq_widearch`` is imported. A no-op on torch < 2.4,
     which has no allow-list (and loads without ``weights_only`` by default).
     """
     add = getattr(torch.serialization, "add_safe_globals", None)
@@ -67,8 +67,8 @@ CONFIG_UPGRADES = []
 
 def name_unreadable_checkpoints():
     """Make fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` (used by resume, generate,
-    interactive and the hub interface) raise :class:`CheckpointReadError` naming the file when it
-    cannot be read, instead of torch's zip or pickle error, and apply :data:`CONFIG_UPGRADES` to
+    interactive and the hub interface) raise ``CheckpointReadError`` naming the file when it
+    cannot be read, instead of torch's zip or pickle error, and apply ``CONFIG_UPGRADES`` to
     what it reads. A class refused by weights-only
     loading keeps torch's own error, which names the class. Idempotent."""
     from fairseq import checkpoint_utils

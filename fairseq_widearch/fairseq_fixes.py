@@ -2,24 +2,24 @@
 ``import fairseq_widearch``), for every architecture, stock ones included. Each replaces a silent
 wrong answer by the right one or by an error; nothing else of fairseq's behaviour changes.
 
-* :func:`keep_last_batch`: upstream fairseq (``ve-fairseq`` 0.12.3) drops the last batch of every
+* ``keep_last_batch``: upstream fairseq (``ve-fairseq`` 0.12.3) drops the last batch of every
   epoch, validation pass and decoding run when its size is not a multiple of
   ``--required-batch-size-multiple`` (upstream issues #5036, #5351).
-* :func:`require_auxiliary_criterion`: a model whose objective has auxiliary losses (WideNet's
+* ``require_auxiliary_criterion``: a model whose objective has auxiliary losses (WideNet's
   balance loss, latent depth's KL and target depth) trained with a criterion that drops them. The
   same start-up hook tells the plugin's decoders when the criterion reads alignments in training
   (``label_smoothed_cross_entropy_with_alignment``; else they compute none there,
-  :class:`fairseq_widearch.models.base.AlignmentsWhenRead`).
-* :func:`resume_patience`: a resumed ``fairseq-train --patience N`` forgets how many validations
+  ``fairseq_widearch.models.base.AlignmentsWhenRead``).
+* ``resume_patience``: a resumed ``fairseq-train --patience N`` forgets how many validations
   had not improved, and takes its first validation after resuming as the best.
-* :func:`finished_runs_stay_finished`: ``fairseq-train`` resumed from a checkpoint that already
+* ``finished_runs_stay_finished``: ``fairseq-train`` resumed from a checkpoint that already
   has ``--max-update`` updates trains one more update and saves it over ``checkpoint_last.pt``.
-* :func:`amp_loss_scaler_flags`: ``--amp`` starts its loss scale at ``--fp16-init-scale`` instead
+* ``amp_loss_scaler_flags``: ``--amp`` starts its loss scale at ``--fp16-init-scale`` instead
   of ``--amp-init-scale``, and ``--amp-scale-window W`` grows the scale every
   ``--amp-init-scale`` updates instead of every W.
-* :func:`bf16_without_tpu`: ``fairseq-train --bf16`` turns on ``--tpu`` (upstream issue #4696), and
+* ``bf16_without_tpu``: ``fairseq-train --bf16`` turns on ``--tpu`` (upstream issue #4696), and
   without torch_xla fails at start, on a GPU as on a CPU.
-* :func:`bf16_inference`: ``fairseq-generate --bf16`` (and ``fairseq-interactive``, the hub
+* ``bf16_inference``: ``fairseq-generate --bf16`` (and ``fairseq-interactive``, the hub
   interface) decodes in fp32, ignoring the flag.
 """
 import functools
@@ -85,7 +85,7 @@ def auxiliary_criterion_error(model, criterion) -> Optional[str]:
 
 def alignments_for_criterion(model, criterion):
     """The plugin's decoders compute no attention weights in training unless something reads them
-    (:class:`fairseq_widearch.models.base.AlignmentsWhenRead`): tell ``model``'s decoder to, when
+    (``fairseq_widearch.models.base.AlignmentsWhenRead``): tell ``model``'s decoder to, when
     ``criterion`` is fairseq's alignment-supervised one (it reads ``extra["attn"]``)."""
     decoder = getattr(getattr(model, "module", model), "decoder", None)
     if decoder is not None and isinstance(criterion, CRITERION_REGISTRY["label_smoothed_cross_entropy_with_alignment"]):
@@ -95,7 +95,7 @@ def alignments_for_criterion(model, criterion):
 def require_auxiliary_criterion():
     """Stop fairseq-train at start-up (when its ``Trainer`` is built) if the criterion would drop
     the model's auxiliary losses, with a message naming the criterion to use; and let the model
-    compute alignments in training where the criterion reads them (:func:`alignments_for_criterion`).
+    compute alignments in training where the criterion reads them (``alignments_for_criterion``).
     Idempotent."""
     original = Trainer.__init__
     if getattr(original, "checks_auxiliary_criterion", False):

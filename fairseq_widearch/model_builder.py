@@ -40,7 +40,7 @@ def build_model(arch: str, argv: Sequence[str] = (), vocab_size: int = 1000,
                 known_only: bool = False, **overrides):
     """Build ``arch`` with flags ``argv`` on a joined dictionary of ``vocab_size`` types (or the
     given dictionaries). ``overrides`` set args that no flag can (e.g. a store-true flag to False);
-    ``known_only`` as in :func:`parse_arch_args`. Returns the fairseq model (train mode, fp32)."""
+    ``known_only`` as in ``parse_arch_args``. Returns the fairseq model (train mode, fp32)."""
     args = parse_arch_args(arch, argv, known_only)
     vars(args).update(overrides)
     src_dict = src_dict or dummy_dictionary(vocab_size)

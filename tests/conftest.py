@@ -1,4 +1,5 @@
 """Shared fixtures: tiny real data (a slice of Multi30k) and CLI runners."""
+import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq_widearch.experiments.settings import criterion, tiny_cases
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+#: Raw Multi30k for the tests: $MULTI30K_DIR, else a copy beside the checkout (../shared/data/multi30k).
+SHARED_MULTI30K = Path(os.environ.get("MULTI30K_DIR") or REPO.parent / "shared" / "data" / "multi30k")
 BIN = Path(sys.executable).parent
 PLUGIN_MODELS = {cls for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_widearch")}
 #: Every architecture the plugin registers, through its `_tiny` preset, and the flags each trains
@@ -56,7 +58,7 @@ def fairseq_cli(tool):
 @pytest.fixture(scope="session")
 def multi30k_dir():
     if not SHARED_MULTI30K.is_dir():
-        pytest.fail(f"real test data expected at {SHARED_MULTI30K}")
+        pytest.fail(f"real test data expected at {SHARED_MULTI30K} (set MULTI30K_DIR to a copy of raw Multi30k)")
     return SHARED_MULTI30K
 
 

@@ -1,4 +1,5 @@
-"""Quick start: clear errors on a missing or malformed data directory or a bad option, extra
+"""Quick start: where the data comes from (``--data-dir``, ``$MULTI30K_DIR``, else the public release),
+clear errors on a missing or malformed data directory, a failed download or a bad option, extra
 fairseq-train flags after ``--``, and sacreBLEU's score as the last lines printed."""
 import os
 import subprocess
@@ -28,6 +29,40 @@ def test_data_dir_without_the_expected_files(tmp_path):
     proc = prepare(tmp_path, tmp_path / "work")
     assert proc.returncode != 0
     assert "malformed data directory" in proc.stderr and "train.de" in proc.stderr
+
+
+def prepare_by_default(work_dir, **env):
+    """prepare.py with no --data-dir and no $MULTI30K_DIR, every download refused (a proxy on a closed
+    port), ``env`` added."""
+    base = {k: v for k, v in os.environ.items() if k.lower() not in ("multi30k_dir", "no_proxy")}
+    refused = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
+    return subprocess.run([sys.executable, str(PREPARE), "--work-dir", str(work_dir)], capture_output=True,
+                          text=True, timeout=120, env={**base, **refused, **env})
+
+
+def test_without_a_local_copy_the_release_is_downloaded_and_a_failed_download_names_the_flag(tmp_path):
+    proc = prepare_by_default(tmp_path / "work")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "| downloading https://raw.githubusercontent.com/multi30k/dataset/" in proc.stdout
+    assert "could not download the Multi30k release" in proc.stderr
+    assert "pass --data-dir DIR or set MULTI30K_DIR=DIR" in proc.stderr and "train,val,test_2016_flickr" in proc.stderr
+
+
+def test_multi30k_dir_names_the_local_copy(tmp_path):
+    proc = prepare_by_default(tmp_path / "work", MULTI30K_DIR=str(tmp_path / "nowhere"))
+    assert proc.returncode != 0 and "downloading" not in proc.stdout
+    assert f"data directory {tmp_path / 'nowhere'} does not exist" in proc.stderr
+
+
+def test_a_prepared_work_dir_needs_no_raw_text(tmp_path):
+    """What setup.sh does before every recipe: a work dir prepared earlier is kept, nothing downloaded."""
+    work = tmp_path / "work"
+    (work / "bin").mkdir(parents=True)
+    (work / "bin" / "test.en-de.de.bin").write_bytes(b"")
+    (work / "test.ref.de").write_text("ein Hund .\n")
+    proc = prepare_by_default(work)
+    assert proc.returncode == 0, proc.stderr
+    assert "already prepared" in proc.stdout and "downloading" not in proc.stdout
 
 
 def test_misaligned_sides(tmp_path):

@@ -7,13 +7,14 @@ one-to-many directory of ``translation_multi_simple_epoch`` (pairs en-de, en-fr,
 dictionary learnt on all four languages).
 
 Reads raw, untokenized, line-aligned text ``{train,val,test_2016_flickr}.{src,tgt}`` from
-``--data-dir`` (default: ``$MULTI30K_DIR``, else ``../shared/data/multi30k`` when it exists,
-else the public release is downloaded into ``--work-dir/raw``). Writes
+``--data-dir``, else from ``$MULTI30K_DIR``; with neither, the public release
+(github.com/multi30k/dataset, task 1, raw) is downloaded into ``--work-dir/raw`` once and read from
+there, and a ``--work-dir`` already prepared is kept as it is without reading any raw text. Writes
 ``--work-dir/{tok,bpe,bin}``; ``bin`` is the fairseq data directory (splits train/valid/test),
 ``bpe/codes`` the BPE codes and ``test.ref.<tgt>`` the raw test reference of each target.
 
 Raises ``SystemExit`` with a message naming what was expected when the data directory is
-missing or malformed.
+missing or malformed, and naming ``--data-dir`` and ``$MULTI30K_DIR`` when the download fails.
 """
 import argparse
 import gzip
@@ -21,19 +22,18 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
-# The public Multi30k release (task 1, raw text), used only when no local copy exists.
+# The public Multi30k release (task 1, raw text), used when no local copy is named.
 RELEASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.{lang}.gz"
-REPO_SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "multi30k"
 
 
 def default_data_dir():
-    if os.environ.get("MULTI30K_DIR"):
-        return Path(os.environ["MULTI30K_DIR"])
-    return REPO_SHARED.resolve() if REPO_SHARED.exists() else None
+    """``$MULTI30K_DIR`` when set, else None (the release is downloaded)."""
+    return Path(os.environ["MULTI30K_DIR"]) if os.environ.get("MULTI30K_DIR") else None
 
 
 def check_data_dir(data_dir, langs):
@@ -64,9 +64,21 @@ def download(raw_dir, langs):
                 continue
             url = RELEASE_URL.format(name=name, lang=lang)
             print(f"| downloading {url}", flush=True)
-            with urllib.request.urlopen(url, timeout=60) as r:
-                out.write_bytes(gzip.decompress(r.read()))
+            try:
+                with urllib.request.urlopen(url, timeout=60) as r:
+                    text = gzip.decompress(r.read())
+            except (urllib.error.URLError, OSError, EOFError) as e:
+                sys.exit(f"error: could not download the Multi30k release ({url}: {e}); pass --data-dir DIR or set "
+                         f"MULTI30K_DIR=DIR to a local copy of its raw text, {{train,val,test_2016_flickr}}."
+                         f"{{{','.join(langs)}}}")
+            out.write_bytes(text)
     return raw_dir
+
+
+def prepared(work_dir, src, tgts):
+    """Whether ``work_dir`` holds a finished preparation: every pair binarized, every test reference."""
+    return all((work_dir / "bin" / f"test.{src}-{tgt}.{tgt}.bin").exists()
+               and (work_dir / f"test.ref.{tgt}").exists() for tgt in tgts)
 
 
 def tokenize(in_path, out_path, lang, limit):
@@ -128,7 +140,8 @@ def shared_dictionary(bpe_dir, langs, workers):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=None,
-                   help="raw Multi30k directory (default: $MULTI30K_DIR, ../shared/data/multi30k, else download)")
+                   help="raw Multi30k directory (default: $MULTI30K_DIR, else the public release, downloaded "
+                        "into WORK_DIR/raw)")
     p.add_argument("--work-dir", type=Path, required=True, help="output directory")
     p.add_argument("--src", default="en")
     p.add_argument("--tgt", default="de", help="target language, or a comma-separated list (one-to-many)")
@@ -139,7 +152,12 @@ def main(argv=None):
     tgts = args.tgt.split(",")
     langs = [args.src, *tgts]
 
-    data_dir = args.data_dir or default_data_dir() or download(args.work_dir / "raw", langs)
+    data_dir = args.data_dir or default_data_dir()
+    if data_dir is None:
+        if prepared(args.work_dir, args.src, tgts):  # no copy named, none needed
+            print(f"| {args.work_dir / 'bin'} already prepared", flush=True)
+            return args.work_dir / "bin"
+        data_dir = download(args.work_dir / "raw", langs)
     check_data_dir(data_dir, langs)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     for tgt in tgts:  # the raw test references, for sacreBLEU against detokenized output

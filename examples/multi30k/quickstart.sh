@@ -2,11 +2,11 @@
 # Quick start: train and evaluate a wide Transformer on Multi30k English->German on CPU.
 #
 #   bash examples/multi30k/quickstart.sh [--data-dir DIR] [--updates N] [--minutes M] [--arch ARCH]
-#                                        [--work-dir DIR] [-- extra fairseq-train flags]
+#                                        [--work-dir WORK (runs/multi30k)] [-- extra fairseq-train flags]
 #
 # 1. creates ./.venv if absent and installs the package (torch CPU build first);
 # 2. prepares the data (sacremoses, subword-nmt joint BPE, fairseq-preprocess --joined-dictionary)
-#    from --data-dir / $MULTI30K_DIR, else ../shared/data/multi30k, else the public release;
+#    from --data-dir DIR or $MULTI30K_DIR, else from the public release, downloaded into WORK/data/raw;
 # 3. trains ARCH (default multipath_transformer_multi30k) with stock fairseq-train for N updates
 #    (default 1320, 10 epochs: a budget in updates gives the documented result on a busy or an
 #    idle machine), stopping earlier only at M minutes (default 60), which it then reports;

@@ -18,7 +18,7 @@ updates; L latent layers):
 
 Its defaults are the released example's README (β = ``--sparsity-weight`` 0.1, λ =
 ``--share-weight`` 0.1, the uniform prior); a and K are the arch preset's, for its budget and depth
-(:func:`fairseq_widearch.models.latent_depth_transformer.training_schedule`).
+(``fairseq_widearch.models.latent_depth_transformer.training_schedule``).
 
 ``--latent-objective ours`` is Eq. 8 as printed, our reading of it:
 

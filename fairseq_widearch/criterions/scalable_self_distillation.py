@@ -53,8 +53,8 @@ class ScalableSelfDistillationConfig(LabelSmoothedCrossEntropyCriterionConfig):
 @register_criterion("scalable_self_distillation", dataclass=ScalableSelfDistillationConfig)
 class ScalableSelfDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
     """Eqs. 6-9 (module docstring). ``forward`` is plain label-smoothed cross-entropy at the active
-    sub-Transformer (validation, generation scoring); training calls :meth:`widest_loss` once and
-    :meth:`sub_transformer_loss` per sampled sub-Transformer.
+    sub-Transformer (validation, generation scoring); training calls ``widest_loss`` once and
+    ``sub_transformer_loss`` per sampled sub-Transformer.
 
     Logged: ``loss`` (L), ``nll_loss`` (the widest model's), ``widest_loss`` (its label-smoothed
     term), ``sub_loss`` / ``sub_nll_loss`` (ground-truth or beam terms of the sub-Transformers,
@@ -115,7 +115,7 @@ class ScalableSelfDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
         """λ L_ce(T; G or B) + (1 − λ) L_ce(T; T_max) for the active sub-Transformer T.
 
         Args:
-            teacher: the widest model's ``(N, V)`` probabilities from :meth:`widest_loss`.
+            teacher: the widest model's ``(N, V)`` probabilities from ``widest_loss``.
 
         Returns:
             loss (scalar), logging output of this sub-Transformer's terms (summed by the task).

@@ -9,25 +9,25 @@ Every system trains the same number of updates (``--max-update``; the scalable m
 seed of ``--seeds``; then ``checkpoint_last.pt`` decodes test_2016 with the same beam settings
 through ``fairseq-generate``. Per run (per width for the scalable model) it records ``params``
 and ``macs`` (one teacher-forced 20 + 20-token pair; ``fairseq_widearch.cli.stats``), the updates,
-``train_wall_s`` (fairseq's wall clock: this machine's speed moves 25-40 % from day to day, so it
+``train_wall_s`` (fairseq's wall clock: a CPU's speed can move 25-40 % from day to day (2 x86 cores, 2026-11), so it
 is reported, never compared), ``decode_sentences_per_s`` (fairseq-generate's own timing) and
 sacreBLEU with its signature. ``--minutes`` is an upper bound on a run's training time; a run it
 cuts short is recorded with its updates and flagged in the table. ``--device cuda`` trains and
 decodes on the GPU (fp32; each row records its device) and ``--jobs N`` runs N at once (on a CPU,
 each given one N-th of the cores through ``OMP_NUM_THREADS`` unless that is set).
 
-Training speed is measured apart, side by side in one process (:func:`side_by_side_throughput`):
+Training speed is measured apart, side by side in one process (``side_by_side_throughput``):
 every system, built afresh from its training flags (the scalable model's stage 2), runs the same
 number of real training batches through its task's ``train_step`` (forward and backward), in
 alternating rounds, so that whatever else the machine does weighs on every system alike; it needs
 no checkpoint, so the rows of runs made elsewhere (on a GPU, say) gain a CPU speed measured here. It gives
 ``train_tokens_per_s`` (target tokens per second), ``train_flops_per_token``
-(``torch.utils.flop_counter``) and ``utilisation`` (FLOPs/token × tokens/s over this machine's fp32
+(``torch.utils.flop_counter``) and ``utilisation`` (FLOPs/token × tokens/s over the machine's fp32
 matmul peak, measured in the same process).
 
 Rows go to ``--results`` (default ``WORK/results.jsonl``; a run already there is skipped, so a
 file kept apart from WORK carries the comparison across machines; an interrupted training resumes,
-:mod:`.runner`), the throughput to ``WORK/throughput.json``; then a markdown table (BLEU as mean ±
+``.runner``), the throughput to ``WORK/throughput.json``; then a markdown table (BLEU as mean ±
 sample standard deviation over the seeds, with every seed's score) and BLEU against MACs in
 ``--figure``.
 """
@@ -141,7 +141,7 @@ def training_flops_per_token(setup) -> float:
 def side_by_side_throughput(systems: Dict[str, list], data: str, peak: float, batches: int = 4,
                             rounds: int = 3) -> Dict[str, dict]:
     """``{system: {train_tokens_per_s, train_flops_per_token, utilisation}}`` for ``systems``
-    (name -> training flags, built afresh: :func:`training_setup`): the first ``batches`` training
+    (name -> training flags, built afresh: ``training_setup``): the first ``batches`` training
     batches, forward and backward, timed in ``rounds`` alternating rounds in this process (the
     order rotates every round; one untimed warm-up round first). Tokens/s = Σ target tokens / Σ
     seconds over the timed rounds; utilisation = FLOPs/token × tokens/s / ``peak`` (FLOP/s)."""
@@ -192,7 +192,7 @@ def decode(args, checkpoint: Path, out: Path, width: int = 0) -> dict:
 
 def train(args, flags, save: Path, seed: int, updates: int, *extra) -> str:
     """Train to ``updates`` updates (``--minutes``: an upper bound) in ``save``, the system's
-    criterion unless ``flags`` name one (:func:`.runner.fairseq_train`: resumed if interrupted, not
+    criterion unless ``flags`` name one (``.runner.fairseq_train``: resumed if interrupted, not
     started again once finished); returns its log."""
     limit = ["--stop-time-hours", f"{args.minutes / 60:.6f}"] if args.minutes else []
     runner.fairseq_train(args.data, save, [*OPTIMISATION, "--seed", seed, *flags, *criterion_flags(flags), *extra,
@@ -203,7 +203,7 @@ def train(args, flags, save: Path, seed: int, updates: int, *extra) -> str:
 
 
 def run_dir(args, name: str, seed: int) -> Path:
-    """Where a run trains: per budget, since a finished training is not resumed (:mod:`.runner`) and
+    """Where a run trains: per budget, since a finished training is not resumed (``.runner``) and
     a run to another ``--max-update`` is another run."""
     return args.work_dir / f"{args.max_update}_updates" / f"seed{seed}" / name
 

@@ -1,6 +1,6 @@
 """Parameter, MAC and FLOP counts of a model (measured with ``torch.utils.flop_counter``), the
 device's matmul peak and the side-by-side timing of several systems: what the stats tool
-(:mod:`fairseq_widearch.cli.stats`, whose help gives the conventions), the comparison, the claims
+(``fairseq_widearch.cli.stats``, whose help gives the conventions), the comparison, the claims
 study, the benchmarks and the tests count and time with."""
 import re
 import time
@@ -61,7 +61,7 @@ def param_counts(model) -> dict:
 
 
 def preset_param_counts(arch: str, argv=(), vocab_size: int = 32000) -> dict:
-    """:func:`param_counts` of ``arch`` (flags ``argv``) built on the meta device: sizes only, no
+    """``param_counts`` of ``arch`` (flags ``argv``) built on the meta device: sizes only, no
     weights allocated or initialised, so that a paper-size preset counts in about a second.
 
     Raises:
@@ -161,7 +161,7 @@ def count_table1_flops(model, src_len: int = 20, tgt_len: int = 20,
 
 
 def sub_transformer_param_counts(model) -> dict:
-    """:func:`param_counts` of the active sub-Transformer of a scalable model (its cropped tensors)."""
+    """``param_counts`` of the active sub-Transformer of a scalable model (its cropped tensors)."""
     groups, seen = {"params_embedding": 0, "params_encoder": 0, "params_decoder": 0}, set()
     for name, tensor in model.sub_transformer_state_dict().items():
         key = (tensor.data_ptr(), tuple(tensor.shape))
@@ -205,8 +205,8 @@ ATOMIC_ADD_OPERATORS = {"index_add", "index_add_", "scatter_add", "scatter_add_"
 
 class OperatorCounter(TorchDispatchMode):
     """Counts the ATen operators run inside it (forward and, on the CPU, backward: a stand-in for
-    device kernel launches), the host waits among them (:data:`HOST_WAIT_OPERATORS`) and the
-    atomic-add ones (:data:`ATOMIC_ADD_OPERATORS`; ``index_put`` only with ``accumulate``).
+    device kernel launches), the host waits among them (``HOST_WAIT_OPERATORS``) and the
+    atomic-add ones (``ATOMIC_ADD_OPERATORS``; ``index_put`` only with ``accumulate``).
     ``counts`` maps each operator's name (``aten.<name>``, overload dropped) to its calls."""
 
     def __init__(self):

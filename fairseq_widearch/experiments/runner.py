@@ -54,7 +54,7 @@ def fairseq_train(data, save: Path, flags: Sequence, stop: Sequence = (), cpu: b
     finished: a finished training is not started again (fairseq-train would train once more).
 
     Raises:
-        ValueError: when ``save`` holds a training started with other ``flags`` (:func:`same_training`).
+        ValueError: when ``save`` holds a training started with other ``flags`` (``same_training``).
         subprocess.CalledProcessError: if fairseq-train fails (its output in ``save/train.log``).
     """
     finished = save / "training.json"

@@ -7,7 +7,7 @@
 
 A claim is the paper's design and its own baselines, each the shared Multi30k body (d 128, FFN
 512, 4 heads) changed the way the paper changes it. Every system trains with the comparison's
-optimisation (:data:`.settings.OPTIMISATION`: Adam (0.9, 0.98), lr 0.003,
+optimisation (``.settings.OPTIMISATION``: Adam (0.9, 0.98), lr 0.003,
 inverse sqrt with 300 warm-up updates, label smoothing 0.1, dropout, attention and activation
 dropout 0.1, 4,096 tokens per batch; the scalable claim keeps its paper's dropout by width on both
 sides) until the validation loss has not improved for ``--patience`` epochs, at most
@@ -66,7 +66,7 @@ def device_name(args) -> str:
 
 
 def fairseq_train(args, data, flags: Sequence[str], save: Path, seed: int, *extra, epochs: int = 0) -> dict:
-    """Train (or resume) a system in ``save`` (:func:`.runner.fairseq_train`): to convergence, or
+    """Train (or resume) a system in ``save`` (``.runner.fairseq_train``): to convergence, or
     for exactly ``epochs`` epochs when given."""
     stop = ["--max-epoch", epochs] if epochs else ["--max-epoch", args.max_epoch, "--patience", args.patience]
     return runner.fairseq_train(data, save, [*OPTIMISATION, *flags, *criterion_flags(flags), "--seed", seed, *extra],
@@ -204,7 +204,7 @@ def close_claims(rows: List[dict], claims: Sequence[Claim]) -> List[Claim]:
 
 class Results(runner.Results):
     """The study's results file: one row per (claim, system, seed); ``claims``: the claims whose
-    shared systems (:meth:`twin`) a run may take its rows from."""
+    shared systems (``twin``) a run may take its rows from."""
 
     def __init__(self, path: Path, claims: Iterable[Claim] = CLAIMS.values()):
         super().__init__(path, key=("claim", "system", "seed"))

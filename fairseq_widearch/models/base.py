@@ -41,7 +41,7 @@ def wrap_layer(layer: torch.nn.Module, cfg) -> torch.nn.Module:
 
 def alignment_weights(attn: Optional[Tensor]) -> Dict[str, List[Tensor]]:
     """A decoder layer's cross-attention weights ``(heads, B, T, S)`` as the auxiliary output
-    ``attn`` of :meth:`LayerLoopDecoder.run_layers` (nothing when the layer returned none)."""
+    ``attn`` of ``LayerLoopDecoder.run_layers`` (nothing when the layer returned none)."""
     return {} if attn is None else {"attn": [attn]}
 
 
@@ -56,7 +56,7 @@ def targets_right_padded(task) -> bool:
 def use_causal_kernel(decoder: torch.nn.Module, enabled: bool = True):
     """Let the decoder's self-attention modules that support it (a ``causal_kernel`` attribute)
     run whole-sequence forwards on SDPA's own causal mask (``is_causal=True``, no mask tensor; see
-    :mod:`fairseq_widearch.modules.attention_utils`). Only valid where targets are right-padded;
+    ``fairseq_widearch.modules.attention_utils``). Only valid where targets are right-padded;
     ``enabled=False`` restores the additive masks."""
     for module in decoder.modules():
         if hasattr(module, "causal_kernel") and module.self_attention:
@@ -71,7 +71,7 @@ class AlignmentsWhenRead:
     """Decoder mixin: a forward in training mode computes no attention weights (``extra["attn"]``
     is ``[None]``) unless the caller names an ``alignment_layer`` (fairseq's alignment models do)
     or ``alignments_in_training`` is set (by fairseq-train when the criterion reads them:
-    :func:`fairseq_widearch.fairseq_fixes.alignments_for_criterion`). fairseq's decoder computes
+    ``fairseq_widearch.fairseq_fixes.alignments_for_criterion``). fairseq's decoder computes
     the last layer's cross-attention weights in every forward, which keeps that attention off the
     fused kernels although no training loss reads them. Validation, scoring and generation (eval
     mode) get them as before (``--print-alignment``)."""
@@ -104,7 +104,7 @@ class WideTransformerModel(TransformerModel):
     decoder_class = TransformerDecoderBase
     #: The registered criterion that adds this model's auxiliary losses (from ``extra``) to the
     #: objective, and what those losses are; fairseq-train with another criterion stops at
-    #: start-up (:mod:`fairseq_widearch.fairseq_fixes`). None: no auxiliary losses.
+    #: start-up (``fairseq_widearch.fairseq_fixes``). None: no auxiliary losses.
     auxiliary_criterion: Optional[str] = None
     auxiliary_losses = ""
 
@@ -178,11 +178,11 @@ _BUILT = "_layers_built"  # a plain attribute: fairseq builds the layers before 
 class PerLayerBuild:
     """For stacks whose layers differ by position (per-layer widths, blocks sharing the first
     block's parts). fairseq's constructor builds a stack's layers in order, one ``build_*_layer``
-    call each, before ``self.layers`` holds any; :meth:`build_next_layer` hands each call its
-    :class:`LayerSlot`. The record of built layers lives only while the constructor runs."""
+    call each, before ``self.layers`` holds any; ``build_next_layer`` hands each call its
+    ``LayerSlot``. The record of built layers lives only while the constructor runs."""
 
     def build_next_layer(self, cfg, build: Callable[[LayerSlot], torch.nn.Module]) -> torch.nn.Module:
-        """``build(slot)`` for the stack's next layer, wrapped as fairseq wraps its layers (:func:`wrap_layer`)."""
+        """``build(slot)`` for the stack's next layer, wrapped as fairseq wraps its layers (``wrap_layer``)."""
         built = self.__dict__.setdefault(_BUILT, [])
         layer = wrap_layer(build(LayerSlot(len(built), tuple(built))), cfg)
         built.append(layer)
@@ -232,7 +232,7 @@ class LayerLoopEncoder(PerLayerBuild, TransformerEncoderBase):
 
 class LayerLoopDecoder(AlignmentsWhenRead, PerLayerBuild, TransformerDecoderBase):
     """fairseq's Transformer decoder with the layer loop left to ``run_layers`` (see
-    :class:`LayerLoopEncoder`); the auxiliary outputs are added to the decoder's ``extra``."""
+    ``LayerLoopEncoder``); the auxiliary outputs are added to the decoder's ``extra``."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn: bool = False, output_projection=None):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
@@ -247,7 +247,7 @@ class LayerLoopDecoder(AlignmentsWhenRead, PerLayerBuild, TransformerDecoderBase
         ``self_attn_padding_mask`` is None); appends each layer's output to ``inner_states``;
         ``encoder_aux`` holds the encoder's auxiliary outputs (e.g. each sentence's language pair).
         The auxiliary outputs include ``attn``: the cross-attention weights ``(heads, B, tgt_len,
-        src_len)`` of layer ``alignment_layer`` (:func:`alignment_weights`)."""
+        src_len)`` of layer ``alignment_layer`` (``alignment_weights``)."""
         raise NotImplementedError
 
     def embed(self, prev_output_tokens, incremental_state):

@@ -6,7 +6,7 @@ summary: the same z_l on the self-attention, cross-attention and FFN branches of
 
     x ← x + z_l · SubLayer(LN(x))       for every sub-layer of layer l
 
-z comes from :class:`~fairseq_widearch.modules.LayerSelect`: Gumbel-sigmoid samples in training
+z comes from ``fairseq_widearch.modules.LayerSelect``: Gumbel-sigmoid samples in training
 (Eq. 5), deterministic at inference (the mean of the training samples, or hard selection with
 z = 0 layers skipped).
 Layers subclass fairseq's own, so parameter names equal a stock pre-norm ``transformer``'s.
@@ -17,7 +17,7 @@ The posterior q(z = 1) and the samples z of each latent stack travel in ``encode
 Multilingual (Sec. 2.2, Eq. 7): on fairseq's ``translation_multi_simple_epoch`` task every language
 pair of ``--lang-pairs`` gets its own posterior, in both latent stacks. A sentence's pair is read
 from the encoder language token in front of its source (``--encoder-langtok tgt`` for
-one-to-many, ``src`` for many-to-one; :class:`~fairseq_widearch.modules.LanguagePairIndex`); the
+one-to-many, ``src`` for many-to-one; ``fairseq_widearch.modules.LanguagePairIndex``); the
 encoder passes the pair indices on as ``latent_pair`` ``(B,)``, reordered with the beams.
 """
 from dataclasses import dataclass, field
@@ -53,7 +53,7 @@ from .validation import reject_unapplied, require, validate_transformer_sizes
 
 @dataclass
 class LatentDepthConfig(TransformerConfig):
-    """Flags of ``latent_depth_transformer`` on top of fairseq's :class:`TransformerConfig`."""
+    """Flags of ``latent_depth_transformer`` on top of fairseq's ``TransformerConfig``."""
 
     encoder_latent_layer: bool = field(default=False, metadata={"help": "latent layers in the encoder (LL-E)"})
     decoder_latent_layer: bool = field(default=False, metadata={"help": "latent layers in the decoder (LL-D)"})
@@ -115,7 +115,7 @@ def latent_residual(layer, x: Tensor, layer_norm, sublayer, z: Tensor) -> Tuple[
 
 def feed_forward(layer, h: Tensor) -> Tuple[Tensor, None]:
     """The FFN sub-layer of a fairseq encoder or decoder layer, ``(T, B, C) -> (T, B, C)``, in
-    :func:`latent_residual`'s (output, weights) form."""
+    ``latent_residual``'s (output, weights) form."""
     return layer.fc2(layer.activation_dropout_module(layer.activation_fn(layer.fc1(h)))), None
 
 
@@ -300,7 +300,7 @@ def validate_latent_depth_config(args):
 
 @register_model("latent_depth_transformer")
 class LatentDepthTransformerModel(WideTransformerModel):
-    """Latent-depth Transformer (Li et al. 2020), bilingual or multilingual. Flags: :class:`LatentDepthConfig`;
+    """Latent-depth Transformer (Li et al. 2020), bilingual or multilingual. Flags: ``LatentDepthConfig``;
     presets ``latent_depth_transformer_{lld_12_24, lld_12_48, llboth_36_36, llboth_48_48,
     llboth_64_64, o2m_12_24, multi30k, tiny}``. A non-latent stack is fairseq's own stack."""
 
@@ -371,8 +371,8 @@ def target_depth(args) -> int:
 def latent_depth_transformer(args):
     """Base preset: the body that fits Table 1's counts (d = 512, FFN 1024, 8 heads, pre-norm,
     tied decoder input/output embeddings, separate vocabularies), latent decoder (LL-D), trained as
-    the released example trains (:func:`training_schedule` at its 500 and 5,000 updates; K
-    :func:`target_depth`)."""
+    the released example trains (``training_schedule`` at its 500 and 5,000 updates; K
+    ``target_depth``)."""
     training_schedule(args, *RELEASED_SCHEDULE)
     set_defaults(args, **{**_LATENT_DEFAULTS, "decoder_latent_layer": True}, encoder_ffn_embed_dim=1024,
                  encoder_normalize_before=True, decoder_normalize_before=True,
@@ -402,7 +402,7 @@ register_preset("latent_depth_transformer", "latent_depth_transformer_o2m_12_24"
 @register_model_architecture("latent_depth_transformer", "latent_depth_transformer_multi30k")
 def latent_depth_transformer_multi30k(args):
     """Quick-start size (the shared Multi30k body) with 6 latent decoder layers (LL-D 3/6), the released
-    schedule scaled to the Multi30k recipes' warm-up (:data:`MULTI30K_SCHEDULE`: s 19, a 188; K 3)."""
+    schedule scaled to the Multi30k recipes' warm-up (``MULTI30K_SCHEDULE``: s 19, a 188; K 3)."""
     set_defaults(args, **{**MULTI30K_BODY, "decoder_layers": 6})
     training_schedule(args, *MULTI30K_SCHEDULE)
     latent_depth_transformer(args)
@@ -410,7 +410,7 @@ def latent_depth_transformer_multi30k(args):
 
 @register_model_architecture("latent_depth_transformer", "latent_depth_transformer_tiny")
 def latent_depth_transformer_tiny(args):
-    """Tiny model for tests: LL-Both, 2 encoder and 3 decoder layers, d = 32; :data:`TINY_SCHEDULE`, K 1."""
+    """Tiny model for tests: LL-Both, 2 encoder and 3 decoder layers, d = 32; ``TINY_SCHEDULE``, K 1."""
     set_defaults(args, encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=4, encoder_layers=2,
                  decoder_layers=3, decoder_attention_heads=4, encoder_latent_layer=True)
     training_schedule(args, *TINY_SCHEDULE)

@@ -7,7 +7,7 @@ shared LN(X), normalises every path with PathNorm and fuses them with learnable 
 Eq. 7 ("more features") when n >= 3. The paper widens the encoder only (decoder: 1 path, i.e. the
 standard pre-norm fairseq decoder layer); ``--decoder-paths`` widens the decoder too.
 
-The blocks live in :mod:`fairseq_widearch.modules.multi_path`; this file wires them into
+The blocks live in ``fairseq_widearch.modules.multi_path``; this file wires them into
 fairseq's encoder/decoder through ``build_encoder_layer`` / ``build_decoder_layer``.
 """
 from dataclasses import dataclass, field
@@ -39,7 +39,7 @@ from .validation import reject_unapplied, require, require_positive, validate_tr
 
 @dataclass
 class MultiPathTransformerConfig(TransformerConfig):
-    """Flags of ``multipath_transformer`` on top of fairseq's :class:`TransformerConfig`."""
+    """Flags of ``multipath_transformer`` on top of fairseq's ``TransformerConfig``."""
 
     encoder_paths: int = field(default=2, metadata={"help": "n, the number of paths in every encoder sub-layer (Eq. 4)"})
     decoder_paths: int = field(
@@ -172,7 +172,7 @@ def validate_multipath_config(args):
 
 @register_model("multipath_transformer")
 class MultiPathTransformerModel(WideTransformerModel):
-    """Multi-Path Transformer (Lin et al. 2022). Flags: :class:`MultiPathTransformerConfig`;
+    """Multi-Path Transformer (Lin et al. 2022). Flags: ``MultiPathTransformerConfig``;
     presets ``multipath_transformer_{L}l_{P}p`` reproduce Table 2."""
 
     config = MultiPathTransformerConfig

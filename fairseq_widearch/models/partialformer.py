@@ -10,7 +10,7 @@ A pre-norm Transformer without separate FFN sub-layers: the FFN moves inside the
 with the decoder's PG-FFN hidden size halved (r = 2 instead of 4), residual-like attention (Eq. 6:
 global logits A^G computed once per stack from its input embeddings, added to every layer's
 logits) and head scaling (Sec. 3.4: H_0 = ``--*-attention-heads`` Q/K heads expanded to H =
-``--*-heads`` heads). The blocks are in :mod:`fairseq_widearch.modules.partial_attention`.
+``--*-heads`` heads). The blocks are in ``fairseq_widearch.modules.partial_attention``.
 
 A^G of the decoder (paper summary Sec. 5 items 1-2, docs/partialformer.md): its causal
 self-attention gets a map from the target embeddings with its own Q/K, the causal mask added after
@@ -50,7 +50,7 @@ INITS = ("released", "ours")
 
 @dataclass
 class PartialFormerConfig(TransformerConfig):
-    """Flags of ``partialformer`` on top of fairseq's :class:`TransformerConfig`. H_0, the Q/K heads,
+    """Flags of ``partialformer`` on top of fairseq's ``TransformerConfig``. H_0, the Q/K heads,
     is fairseq's ``--encoder-attention-heads`` / ``--decoder-attention-heads``."""
 
     encoder_heads: int = field(
@@ -281,7 +281,7 @@ def validate_partialformer_config(args):
 
 @register_model("partialformer")
 class PartialFormerModel(WideTransformerModel):
-    """PartialFormer. Flags: :class:`PartialFormerConfig`; presets ``partialformer_{6_6_d512_h24_16,
+    """PartialFormer. Flags: ``PartialFormerConfig``; presets ``partialformer_{6_6_d512_h24_16,
     24_6_d512_h24_16, 24_6_d360_h24_16, 24_6_d360_h30_16, 24_6_d360_h8_8, 24_6_d320_h24_24, multi30k, tiny}``."""
 
     config = PartialFormerConfig

@@ -10,7 +10,7 @@ cropping"). Type-1 sub-Transformers use one width everywhere (C = D^i); type-2 k
 choose D^i per layer.
 
 ``model.set_sample_config(width, layer_widths=None)`` selects the active sub-Transformer; the
-blocks are in :mod:`fairseq_widearch.modules.slimmable`.
+blocks are in ``fairseq_widearch.modules.slimmable``.
 """
 import logging
 import math
@@ -144,7 +144,7 @@ class WidthSelection:
     """What the encoder and the decoder share: the input projection W'_e (Eq. 3) cropped to the
     active width C (or the embedding itself cropped), and per-layer widths.
 
-    A stack is built at width C_b with layer widths D_b^i (:func:`built_widths`): the widest
+    A stack is built at width C_b with layer widths D_b^i (``built_widths``): the widest
     model's, or an exported sub-Transformer's."""
 
     def build_layer(self, cfg, first_layer: int, cross_attention: bool = False):
@@ -319,9 +319,9 @@ def warn_if_widest_only(args, task):
 
 @register_model("scalable_transformer")
 class ScalableTransformerModel(WideTransformerModel):
-    """Scalable Transformer (Gao et al. 2021). Flags: :class:`ScalableTransformerConfig`; presets
+    """Scalable Transformer (Gao et al. 2021). Flags: ``ScalableTransformerConfig``; presets
     ``scalable_transformer{,_wmt_en_de,_type2_wmt_en_de,_wmt_en_fr,_tiny}``. Select a sub-Transformer with
-    :meth:`set_sample_config`; the widest is active after building."""
+    ``set_sample_config``; the widest is active after building."""
 
     config = ScalableTransformerConfig
     encoder_class = ScalableEncoder

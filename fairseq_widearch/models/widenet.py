@@ -44,7 +44,7 @@ MOE_KEYS = ("moe_balance_loss", "moe_dropped", "moe_load")
 
 @dataclass
 class WideNetConfig(TransformerConfig):
-    """Flags of ``widenet`` on top of fairseq's :class:`TransformerConfig`."""
+    """Flags of ``widenet`` on top of fairseq's ``TransformerConfig``."""
 
     moe_experts: int = field(default=4, metadata={"help": "E, experts of the shared MoE layer (Eq. 1)"})
     moe_top_k: int = field(default=2, metadata={"help": "K, experts per token (TopK of Eq. 2)"})
@@ -141,8 +141,8 @@ CONFIG_UPGRADES.append(upgrade_pre_released_config)
 
 
 class DenseFFN(nn.Module, ExpertForm):
-    """Dense FFN with :class:`MoELayer`'s call signature (the 'w/o MoE layer' ablation), of the
-    experts' ``form`` (:class:`ExpertForm`): the ablation then differs from WideNet in the routing alone."""
+    """Dense FFN with ``MoELayer``'s call signature (the 'w/o MoE layer' ablation), of the
+    experts' ``form`` (``ExpertForm``): the ablation then differs from WideNet in the routing alone."""
 
     def __init__(self, embed_dim: int, ffn_dim: int, activation_fn: str, activation_dropout: float,
                  form: str = "released", dropout: float = 0.0):
@@ -194,7 +194,7 @@ class BlockSharing:
         return getattr(self.first, name)
 
     def attention(self, name: str, build):
-        """Like :meth:`module`, but a distinct module tied to block 0's weights: each decoder block
+        """Like ``module``, but a distinct module tied to block 0's weights: each decoder block
         needs its own incremental-decoding cache key. Built on the meta device, so no memory is
         allocated for weights that are replaced at once."""
         if self.first is None or self.cfg.widenet_no_sharing:
@@ -218,7 +218,7 @@ class BlockSharing:
 class MoESublayer:
     """The last sub-layer of every WideNet block (encoder and decoder), ``x + MoE(LN_i^moe(x))``;
     the block has ``moe_layer_norm``, ``moe`` and ``dropout_module``. The released experts drop their
-    own outputs (:class:`ExpertForm`), so the block adds theirs undropped."""
+    own outputs (``ExpertForm``), so the block adds theirs undropped."""
 
     def moe_sublayer(self, x: Tensor, padding_mask: Optional[Tensor], reused: tuple) -> tuple:
         """x ``(T, B, C)`` -> ``(x, *routing fields)`` (no fields for the dense-FFN ablation)."""
@@ -243,7 +243,7 @@ class WideNetEncoderLayer(EncoderLayer, MoESublayer):
 
     def forward(self, x, padding_mask: Optional[Tensor], *reused):
         """x ``(src_len, B, C)``, padding_mask ``(B, src_len)``, ``reused`` the fields of a routing
-        to reuse (:meth:`Routing.as_tuple`; none: route) -> ``(x, *fields of this block's routing)``."""
+        to reuse (``Routing.as_tuple``; none: route) -> ``(x, *fields of this block's routing)``."""
         h = self.self_attn_layer_norm(x)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask, need_weights=False)
         x = x + self.dropout_module(h)
@@ -271,7 +271,7 @@ class WideNetDecoderLayer(nn.Module, MoESublayer):
     def forward(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                 self_attn_padding_mask, need_head_weights: bool, *reused):
         """x ``(tgt_len, B, C)``, encoder_out ``(src_len, B, C)``, ``reused`` as in
-        :meth:`WideNetEncoderLayer.forward` -> ``(x, cross-attention weights (heads, B, tgt_len,
+        ``WideNetEncoderLayer.forward`` -> ``(x, cross-attention weights (heads, B, tgt_len,
         src_len) if need_head_weights else None, *fields of this block's routing)``."""
         h = self.self_attn_layer_norm(x)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
@@ -331,7 +331,7 @@ class RoutingGroups:
 
 class WideNetEncoder(LayerLoopEncoder):
     """Pre-norm encoder whose blocks share one self-attention and one MoE layer; its
-    ``encoder_out`` holds :data:`MOE_KEYS` (one entry per routing call)."""
+    ``encoder_out`` holds ``MOE_KEYS`` (one entry per routing call)."""
 
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
@@ -353,7 +353,7 @@ class WideNetEncoder(LayerLoopEncoder):
 
 class WideNetDecoder(LayerLoopDecoder):
     """Pre-norm decoder whose blocks share one self-attention, one cross-attention and one MoE
-    layer; its ``extra`` holds :data:`MOE_KEYS` of the decoder's routing calls."""
+    layer; its ``extra`` holds ``MOE_KEYS`` of the decoder's routing calls."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
@@ -405,7 +405,7 @@ def validate_widenet_config(args):
 
 @register_model("widenet")
 class WideNetModel(WideTransformerModel):
-    """WideNet (Xue et al. 2022). Flags: :class:`WideNetConfig`; presets ``widenet_{tiny,wmt_en_de,b,l,h}``."""
+    """WideNet (Xue et al. 2022). Flags: ``WideNetConfig``; presets ``widenet_{tiny,wmt_en_de,b,l,h}``."""
 
     config = WideNetConfig
     encoder_class = WideNetEncoder

@@ -5,7 +5,7 @@ fairseq's ``MultiheadAttention(need_head_weights=True)`` returns them). The modu
 with fairseq's ``with_incremental_state``.
 
 A decoder self-attention module whose ``causal_kernel`` is True (set by the model when its task
-pads targets on the right, :func:`fairseq_widearch.models.base.use_causal_kernel`) runs a
+pads targets on the right, ``fairseq_widearch.models.base.use_causal_kernel``) runs a
 training or scoring forward with SDPA's ``is_causal=True`` and no mask tensor instead of fairseq's
 additive causal mask plus the target padding mask: with right padding every real position's keys
 are real positions either way, so its output is the same, and the fused (flash) kernels, which an
@@ -63,7 +63,7 @@ def keys_values_and_mask(module, query: Tensor, key: Optional[Tensor], key_paddi
                          attn_mask: Optional[Tensor], incremental_state, bias: bool = False
                          ) -> Tuple[Cache, Optional[Tensor], bool]:
     """The keys/values an attention module attends to (``module._project_kv(x)`` ->
-    ``{"prev_key", "prev_value"}``, per head) and the mask that applies, as :func:`attention_mask`
+    ``{"prev_key", "prev_value"}``, per head) and the mask that applies, as ``attention_mask``
     gives it. Self-attention projects ``query`` and, when decoding, appends to the cache; one
     decoding step then attends to every cached key, so no mask applies. Encoder-decoder attention
     projects ``key`` once."""
@@ -81,7 +81,7 @@ def attention_mask(module, key_padding_mask: Optional[Tensor], attn_mask: Option
     """``(mask, is_causal)`` of a forward over whole sequences: ``(None, True)`` (SDPA's causal
     mask; see the module docstring) where ``module.causal_kernel`` holds and ``attn_mask``, which
     decoder layers pass only as fairseq's causal mask, is given, unless the logits carry an additive
-    ``bias`` (PartialFormer's A^G) the causal mask must join; else the :func:`additive_mask`."""
+    ``bias`` (PartialFormer's A^G) the causal mask must join; else the ``additive_mask``."""
     if attn_mask is not None and getattr(module, "causal_kernel", False) and not bias:
         return None, True
     return additive_mask(key_padding_mask, attn_mask, dtype), False
@@ -111,10 +111,10 @@ def softmax_attention(logits: Tensor, v: Tensor, dropout_p: float) -> Tuple[Tens
 
 
 def bias_attention(logits: Tensor, v: Tensor, dropout_p: float) -> Tensor:
-    """:func:`softmax_attention`'s output computed by ``F.scaled_dot_product_attention`` with the
+    """``softmax_attention``'s output computed by ``F.scaled_dot_product_attention`` with the
     finished ``logits`` as its additive mask over zero queries and keys (q kᵀ = 0): the one fused
     form left when the logits are not q kᵀ (PartialFormer's head scaling). Its dropout draws other
-    random numbers than ``F.dropout``; without dropout it equals :func:`softmax_attention`.
+    random numbers than ``F.dropout``; without dropout it equals ``softmax_attention``.
     logits ``(B, h, T, S)`` scaled and masked, v ``(B, h, S, d)`` -> ``(B, h, T, d)``."""
     # 8: the smallest head size every fused kernel takes
     q, k = v.new_zeros(*logits.shape[:-1], 8), v.new_zeros(*v.shape[:-1], 8)

@@ -12,7 +12,7 @@ posterior of z_l is a Bernoulli with logit α_l; training uses the two-class Gum
 of the z that training draws at the current step, E[σ((α_l + g_1 − g_2)/τ)] (computed by
 quadrature over g_1 − g_2 ~ Logistic(0, 1), not sampled; σ(α_l) once training draws
 straight-through hard samples, whose mean it is); a sampled selection, one draw of what training
-draws per sentence, held for all of its decoding steps (:meth:`LayerSelect.sentence_samples`); or
+draws per sentence, held for all of its decoding steps (``LayerSelect.sentence_samples``); or
 a hard selection σ(α_l) > threshold. σ(α_l)
 alone is *not* the training expectation of the relaxed samples: at τ = 5, α = 2 gives E[z] = 0.596
 against σ(α) = 0.881, so soft weights of σ(α) would scale residual branches by ~1.5x their
@@ -85,10 +85,10 @@ class LayerSelect(nn.Module):
         soft_updates (int): after this many updates, training samples are straight-through hard
             (z > 0.5 forward, the soft sample's gradient backward); negative: always soft (the paper).
         inference (str): ``soft`` (z = the mean of the samples training draws at the current
-            update: :func:`expected_relaxed_sample` at τ, or σ(α) once the samples are
-            straight-through hard), ``sampled`` (per sentence, :meth:`sentence_samples`) or
+            update: ``expected_relaxed_sample`` at τ, or σ(α) once the samples are
+            straight-through hard), ``sampled`` (per sentence, ``sentence_samples``) or
             ``hard`` (z = 1[σ(α) > threshold]; the first hard forward logs
-            :func:`undecided_warning` when the posterior is not near-discrete).
+            ``undecided_warning`` when the posterior is not near-discrete).
         threshold (float): for hard selection.
 
     Shapes:
@@ -159,7 +159,7 @@ class LayerSelect(nn.Module):
         return 0 <= self.soft_updates <= self.num_updates
 
     def warn_if_undecided(self, q: Tensor):
-        """Log :func:`undecided_warning` for ``q`` ``(P, L)``, on the first call only."""
+        """Log ``undecided_warning`` for ``q`` ``(P, L)``, on the first call only."""
         if not self.checked_discrete:
             self.checked_discrete = True
             message = undecided_warning(q)
@@ -181,7 +181,7 @@ class LayerSelect(nn.Module):
     def sentence_samples(self, noise: Tensor, pair: Optional[Tensor] = None) -> Tensor:
         """Sampled inference: z ``(B, L)`` for B sentences, each drawn as training draws z at the
         current update (relaxed or straight-through hard) from its pair's posterior (``pair``
-        ``(B,)``, else the single one), with the sentence's ``noise`` ``(B, L)`` (:func:`logistic_noise`,
+        ``(B,)``, else the single one), with the sentence's ``noise`` ``(B, L)`` (``logistic_noise``,
         drawn once per sentence by the encoder and reordered with the beams, so that a sentence
         keeps its layers for all of its decoding steps)."""
         logits = self.logits.float()
@@ -190,7 +190,7 @@ class LayerSelect(nn.Module):
     def forward(self) -> Tensor:
         """z ``(P, L)``, fp32: Gumbel-sigmoid samples in training (Eq. 5), deterministic at inference:
         soft, the mean of those samples (for hard samples, P(z = 1) = σ(α)); or hard selection.
-        (Sampled inference draws per sentence: :meth:`sentence_samples`.)"""
+        (Sampled inference draws per sentence: ``sentence_samples``.)"""
         logits = self.logits.float()
         if self.training:
             return self.sample(logits, logistic_noise(*logits.shape, device=logits.device))

@@ -8,7 +8,7 @@ Sec. 3.1, Eqs. 1-5; capacity and balance loss after Switch Transformer / GShard)
 Decisions (docs/widenet.md): top-k gate values are not renormalised (Eq. 2 as written and the
 released code; ``renormalize=True`` opts in); a dropped assignment contributes zero and the
 residual carries the token; padding tokens are never routed and never counted. Routing
-(:data:`ROUTINGS`) by default as the authors' released code does it (XueFuzhao/WideNet_Code,
+(``ROUTINGS``) by default as the authors' released code does it (XueFuzhao/WideNet_Code,
 ``widenet/model_configs.py``, ``Router`` and ``Switch``): m_i the share of the K·N assignments,
 capacity ⌊C·K·N/E⌋ of which the first slot is never used, one running count over the tokens in
 batch-major order, both choices of a token competing at its place; ``ours``: GShard's order (every
@@ -66,11 +66,11 @@ class Routing:
         return tuple(getattr(self, field.name) for field in fields(self))
 
 
-#: How :class:`TopKRouter` counts, fills and orders (module docstring; docs/widenet.md, "Routing").
+#: How ``TopKRouter`` counts, fills and orders (module docstring; docs/widenet.md, "Routing").
 ROUTINGS = ("released", "ours")
 #: How the experts and the router are initialised and activated (docs/widenet.md, "Experts").
 EXPERT_FORMS = ("released", "ours")
-#: How :class:`TopKRouter` numbers each expert's assignments (the same slots either way): a running
+#: How ``TopKRouter`` numbers each expert's assignments (the same slots either way): a running
 #: count over an (E, k·N) one-hot mask, or a stable sort of the expert ids in filling order with a
 #: count and a cumulative sum (MegaBlocks', torchtitan's).
 SLOTS = ("count", "sort")
@@ -89,15 +89,15 @@ class TopKRouter(nn.Module):
             sentence's translation never depends on the rest of its batch.
         noise (bool): add ε ~ N(0, 1/E²) to the logits in training.
         renormalize (bool): divide the k kept gates by their sum (not in the paper).
-        routing (str): one of :data:`ROUTINGS`. ``released``: B = ⌊C·k·N/E⌋ − 1 usable slots (the
+        routing (str): one of ``ROUTINGS``. ``released``: B = ⌊C·k·N/E⌋ − 1 usable slots (the
             released code's positions start at 1 and are kept while below ⌊C·k·N/E⌋; at least 1
             here), assignments fill them in token order with both of a token's choices at its place,
             m_i = assignments of expert i / (k·N) (Eq. 4 as its ``load_balanced_loss`` gets it: the
             K-hot mask divided by K); ``ours``: B = ⌈C·k·N/E⌉, every first choice before any second,
             m_i = assignments of expert i / N. N counts the real tokens.
-        init (str): one of :data:`EXPERT_FORMS`: f's weight Xavier-uniform (``released``, Keras'
+        init (str): one of ``EXPERT_FORMS``: f's weight Xavier-uniform (``released``, Keras'
             Dense default) or nn.Linear's (``ours``).
-        slots (str): one of :data:`SLOTS`, how the slots are numbered (the same slots either way).
+        slots (str): one of ``SLOTS``, how the slots are numbered (the same slots either way).
 
     Raises:
         ValueError: if E < 1, k is not in [1, E], C <= 0, the eval C < 0 (naming the flag), or the
@@ -146,7 +146,7 @@ class TopKRouter(nn.Module):
         return max(math.floor(slots) - 1 if self.released else math.ceil(slots), 1)
 
     def device_capacity(self, num_tokens: Tensor) -> Optional[Tensor]:
-        """B of :meth:`capacity` as a 0-d tensor computed on the device from a 0-d count, without a
+        """B of ``capacity`` as a 0-d tensor computed on the device from a 0-d count, without a
         host wait (same float64 arithmetic, so the same B); None without a limit."""
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         if factor <= 0:
@@ -155,7 +155,7 @@ class TopKRouter(nn.Module):
         return (slots.floor() - 1 if self.released else slots.ceil()).clamp_min(1)
 
     def forward(self, x: Tensor, real: Optional[Tensor] = None) -> Routing:
-        """x: ``(N, d)`` tokens, in the order in which they compete for capacity -> :class:`Routing`.
+        """x: ``(N, d)`` tokens, in the order in which they compete for capacity -> ``Routing``.
 
         Without ``real``, every row of x is a real token. With ``real`` (``(N,)`` bool, False at
         padding), padding rows are routed but never kept nor counted, and no count is read on the
@@ -223,7 +223,7 @@ class TopKRouter(nn.Module):
         return slot, chosen.sum(dim=1)
 
     def sorted_slots(self, order: Tensor, real_order: Optional[Tensor]) -> tuple:
-        """:meth:`counted_slots` by a stable sort of the expert ids (padding as expert E, after every
+        """``counted_slots`` by a stable sort of the expert ids (padding as expert E, after every
         real one): an assignment's slot is its rank in its expert's run of the sorted ids, so the
         filling order decides it as the running count does; O(k·N) memory instead of O(E·k·N)."""
         E, A = self.num_experts, order.numel()
@@ -245,15 +245,15 @@ def runs(sorted_ids: Tensor, n: int) -> Tensor:
 
 
 class ExpertForm:
-    """The two-layer FFN of one expert (e_i of Eq. 1) in one of :data:`EXPERT_FORMS`, for a module
+    """The two-layer FFN of one expert (e_i of Eq. 1) in one of ``EXPERT_FORMS``, for a module
     with ``fc1`` and ``fc2``. ``released``, as the authors' released code builds each expert
     (``widenet/model_configs.py``, ``mlp``): Dense -> activation -> Dropout -> Dense -> activation ->
     Dropout, so each expert's output is dropped before the gated sum and the block adds it undropped
-    (:attr:`drops_output`); ``ours``: fairseq's FFN, the activation and its dropout after the first
+    (``drops_output``); ``ours``: fairseq's FFN, the activation and its dropout after the first
     layer only, the block's dropout after the combine."""
 
     def init_form(self, form: str, activation_fn: str, activation_dropout: float, dropout: float):
-        """The form's activation (:func:`activation`) and dropouts, probabilities in [0, 1):
+        """The form's activation (``activation``) and dropouts, probabilities in [0, 1):
         ``activation_dropout`` after the first layer, ``dropout`` on the output (``released`` only)."""
         self.activation_fn = activation(activation_fn)
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=type(self).__name__)
@@ -289,7 +289,7 @@ class Experts(nn.Module, ExpertForm):
     experts: every expert parameter is in the graph every step (an expert that got no token gets
     a zero gradient, so DDP never sees an unused parameter).
 
-    ``form`` (:data:`EXPERT_FORMS`, :class:`ExpertForm`): ``released`` as the authors' released code
+    ``form`` (``EXPERT_FORMS``, ``ExpertForm``): ``released`` as the authors' released code
     builds each expert (Xavier-uniform kernels, biases from N(0, (1e-6)²), the activation and a
     dropout of ``dropout`` after both layers, ``activation_dropout`` after the first); ``ours``: the
     activation and ``activation_dropout`` after the first layer only, nn.Linear's initialisation
@@ -313,7 +313,7 @@ class Experts(nn.Module, ExpertForm):
         """The experts on rows sorted by expert: ``rows`` ``(M, d)``, expert i's rows ending at
         ``offsets[i]`` (``(E,)`` int32, the last below M), ``group`` ``(M,)`` each row's expert, E past
         the last group -> ``(M, d)``; the rows past ``offsets[-1]`` are left undefined
-        (:meth:`BatchedLinear.grouped`)."""
+        (``BatchedLinear.grouped``)."""
         return self.ffn(rows, lambda layer, h: layer.grouped(h, offsets, group))
 
 
@@ -322,7 +322,7 @@ RELEASED_BIAS_STD = 1e-6
 
 
 def released_init(released: bool) -> dict:
-    """:class:`BatchedLinear`'s arguments for the released code's Dense layers (Xavier-uniform
+    """``BatchedLinear``'s arguments for the released code's Dense layers (Xavier-uniform
     kernel, N(0, (1e-6)²) bias), or none (nn.Linear's initialisation)."""
     return {"xavier_gain": 1.0, "bias_std": RELEASED_BIAS_STD} if released else {}
 
@@ -352,12 +352,12 @@ class GatherRows(torch.autograd.Function):
         return rows.view(ctx.fold, -1, grad.shape[1]).sum(dim=0), None, None, None
 
 
-#: How :class:`MoELayer` moves tokens into the expert buffers and back (docs/widenet.md, "Dispatch").
+#: How ``MoELayer`` moves tokens into the expert buffers and back (docs/widenet.md, "Dispatch").
 DISPATCH = ("index", "padded", "permute", "grouped")
 
 
 class MoELayer(nn.Module):
-    """Mixture of experts (Eq. 1): a :class:`TopKRouter` in front of :class:`Experts`.
+    """Mixture of experts (Eq. 1): a ``TopKRouter`` in front of ``Experts``.
 
     Dispatch and combine (``dispatch``, the same outputs and gradients whichever is chosen):
 
@@ -367,7 +367,7 @@ class MoELayer(nn.Module):
     * ``padded``: the same copies over all T·B rows, padding routed but never kept (no host wait:
       B is sized for T·B rows, the capacity limit of the real tokens applied on the device);
     * ``permute``: as ``padded``, but tokens move by gathers whose backward is a gather too
-      (:class:`GatherRows`; MegaBlocks' and ScatterMoE's permutation by expert): no atomic adds;
+      (``GatherRows``; MegaBlocks' and ScatterMoE's permutation by expert): no atomic adds;
     * ``grouped``: no capacity-sized buffers: the kept assignments sorted by expert, the dropped
       ones after the last group, and each expert layer one grouped matrix product over all experts
       (torch's ``F.grouped_mm``).
@@ -376,7 +376,7 @@ class MoELayer(nn.Module):
     the router (WideNet and its per-block-router variant).
 
     With ``compiled``, each call that routes runs routing, dispatch, experts and combine as one
-    region compiled by ``torch.compile`` with dynamic shapes (:func:`route_and_move`), so that
+    region compiled by ``torch.compile`` with dynamic shapes (``route_and_move``), so that
     fairseq's varying batch shapes reuse one graph; the same outputs and gradients (within fp32
     rounding; on the default backend, router noise and dropout come from the compiler's random
     numbers, unless ``torch._inductor.config.fallback_random``).
@@ -384,7 +384,7 @@ class MoELayer(nn.Module):
     Args:
         router (TopKRouter): E, K and the capacity factors.
         experts (Experts): E experts.
-        dispatch (str): one of :data:`DISPATCH`.
+        dispatch (str): one of ``DISPATCH``.
         compiled (bool): route and move in one compiled region; with ``padded`` only (``index``
             waits for the host, ``permute``'s autograd function and ``grouped``'s product, which
             traces in bf16 only, do not compile with dynamic shapes in this torch).
@@ -411,7 +411,7 @@ class MoELayer(nn.Module):
 
     @property
     def drops_output(self) -> bool:
-        """Whether the experts drop their outputs themselves (:attr:`ExpertForm.drops_output`)."""
+        """Whether the experts drop their outputs themselves (``ExpertForm.drops_output``)."""
         return self.experts.drops_output
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, routing: Optional[Routing] = None):
@@ -465,7 +465,7 @@ class MoELayer(nn.Module):
         return weighted.new_zeros(tokens.shape).index_add(0, routing.token, weighted)
 
     def permuted(self, tokens: Tensor, routing: Routing) -> Tensor:
-        """Gathers both ways (:class:`GatherRows`): ``(N, d)`` -> ``(N, d)``."""
+        """Gathers both ways (``GatherRows``): ``(N, d)`` -> ``(N, d)``."""
         E, cap, (N, d), k = routing.num_experts, routing.capacity, tokens.shape, self.router.top_k
         A, slots = routing.expert.numel(), E * cap
         # each assignment's buffer slot (dropped ones each a spare slot of their own, so that no index
@@ -501,19 +501,19 @@ class MoELayer(nn.Module):
 
 def route_and_move(moe: MoELayer, flat: Tensor, pad: Optional[Tensor]) -> tuple:
     """One MoE call without a given routing: ``flat`` ``(N, d)``, ``pad`` ``(N,)`` True at padding ->
-    (``(N, d)`` output, the routing's fields), the region :class:`MoELayer` compiles."""
+    (``(N, d)`` output, the routing's fields), the region ``MoELayer`` compiles."""
     routing = moe.router(flat, None if pad is None else ~pad)
     return moe.move(flat, routing), routing.as_tuple()
 
 
-#: ``torch.compile``'s backend for :func:`compiled_region` (the tests use ``aot_eager``: the same
+#: ``torch.compile``'s backend for ``compiled_region`` (the tests use ``aot_eager``: the same
 #: graph capture and guards, no code generation).
 COMPILE_BACKEND = "inductor"
 _COMPILED = {}
 
 
 def compiled_region():
-    """:func:`route_and_move` compiled once per backend, with dynamic shapes (a new batch shape
+    """``route_and_move`` compiled once per backend, with dynamic shapes (a new batch shape
     reuses the graph; ``torch._dynamo``'s recompilations count what does not)."""
     if COMPILE_BACKEND not in _COMPILED:
         _COMPILED[COMPILE_BACKEND] = torch.compile(route_and_move, dynamic=True, backend=COMPILE_BACKEND)

@@ -1,7 +1,7 @@
 """Multi-path sub-layers (Lin et al. 2022, "Multi-Path Transformer is Better", Sec. 3, Eqs. 4-7).
 
 A multi-path sub-layer runs n independent copies ("paths") of an attention or FFN block on one
-shared ``LN(X)`` and fuses them::
+shared ``LN(X)`` and fuses them:
 
     Y = β X + Σ_{i=1..n} α_i PathNorm_i(f_i) [+ Σ_{j=1..n} α'_j PathNorm'_j(AVG_{-j})]   (Eq. 4, 7)
     f_i = Func_i(LN(X)),  Func = MHA or FFN                                               (Eq. 5, 6)
@@ -229,8 +229,8 @@ class MultiPathSublayer(nn.Module):
     (summary Sec. 5 item 2).
 
     Args:
-        paths (nn.Module): a batched multi-path Func (:class:`MultiPathAttention` or
-            :class:`MultiPathFFN`) mapping ``(T, B, C)`` (+ its own keyword arguments) to ``(n, T, B, C)``.
+        paths (nn.Module): a batched multi-path Func (``MultiPathAttention`` or
+            ``MultiPathFFN``) mapping ``(T, B, C)`` (+ its own keyword arguments) to ``(n, T, B, C)``.
         fusion (PathFusion): the fusion of Eq. 4/7.
     """
 
@@ -246,7 +246,7 @@ class MultiPathSublayer(nn.Module):
 
 
 class MultiPathAttentionSublayer(MultiPathSublayer):
-    """:class:`MultiPathSublayer` over :class:`MultiPathAttention` paths, which also return their
+    """``MultiPathSublayer`` over ``MultiPathAttention`` paths, which also return their
     attention weights: ``forward(x, **attention_kwargs)`` -> ``((T, B, C), weights (H, B, T, S) or
     None)``, the weights with ``need_head_weights=True`` (alignments)."""
 

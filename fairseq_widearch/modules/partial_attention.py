@@ -3,15 +3,15 @@ Instead of Whole for Machine Translation", Sec. 3, Eqs. 1-6).
 
 Standard attention (Eqs. 1-3) with three changes, each switchable:
 
-* **PG-FFN** (Eq. 5, :class:`PGFFN`): between Eq. 2 and Eq. 3 every head's output passes through one
+* **PG-FFN** (Eq. 5, ``PGFFN``): between Eq. 2 and Eq. 3 every head's output passes through one
   small FFN d_k → r·d_k → d_k shared by all heads, times a per-head gate G_i = σ(X W_i^G);
-* **residual-like attention** (Eq. 6): global logits A^G (:class:`GlobalAttentionLogits`, computed
+* **residual-like attention** (Eq. 6): global logits A^G (``GlobalAttentionLogits``, computed
   once per stack from its input embeddings) are added to each layer's local logits before the
   softmax;
-* **head scaling** (Sec. 3.4, :class:`HeadExpansion`): Q and K at H_0 heads, their logits expanded to
+* **head scaling** (Sec. 3.4, ``HeadExpansion``): Q and K at H_0 heads, their logits expanded to
   H heads by an MLP over the head axis; V, the gates and the output projection have H heads of d_k.
 
-With all three off, :class:`PartialAttention` is fairseq's ``MultiheadAttention`` (same parameter
+With all three off, ``PartialAttention`` is fairseq's ``MultiheadAttention`` (same parameter
 names, same result).
 """
 import math
@@ -185,7 +185,7 @@ class GlobalAttentionLogits(nn.Module):
         return reorder_cache(self, incremental_state, new_order, static=not self.self_attention)
 
 
-#: How :class:`PartialAttention` computes its attention (docs/partialformer.md, "Speed").
+#: How ``PartialAttention`` computes its attention (docs/partialformer.md, "Speed").
 KERNELS = ("auto", "explicit", "sdpa")
 
 
@@ -208,10 +208,10 @@ class PartialAttention(nn.Module):
         dropout (float): attention-probability dropout.
         self_attention (bool): keys and values from the query (decoding appends to the cache) or
             from ``key`` (computed once when decoding).
-        kernel (str): how the attention is computed, the same outputs (:data:`KERNELS`): ``auto``
+        kernel (str): how the attention is computed, the same outputs (``KERNELS``): ``auto``
             SDPA unless the logits go through head scaling or the weights are returned (then the
             explicit softmax); ``explicit`` the explicit softmax always; ``sdpa`` SDPA always, the
-            head-scaled logits as its additive mask (:func:`bias_attention`).
+            head-scaled logits as its additive mask (``bias_attention``).
         zero_bias (bool): the Q/K/V biases start at 0 (fairseq's ``MultiheadAttention``); False:
             nn.Linear's (the released code). The output projection's bias starts at 0 either way.
 

@@ -16,7 +16,7 @@ def weighted_feature_sum(groups: FeatureGroups, weights: Tensor, norm_eps: Optio
     parameters when ``norm_eps`` is given, else the identity.
 
     Args:
-        groups: see :data:`FeatureGroups` (F features in all).
+        groups: see ``FeatureGroups`` (F features in all).
         weights: ``(F, C)`` or ``(F, 1)``.
     Returns:
         ``(T, B, C)``.
@@ -50,7 +50,7 @@ class PathNorm(nn.Module):
 
     Shapes:
         ``forward(groups, alpha)``: groups of ``(k, T, B, C)`` tensors with Σk = F (see
-        :data:`FeatureGroups`), alpha ``(F,)`` -> ``(T, B, C)``.
+        ``FeatureGroups``), alpha ``(F,)`` -> ``(T, B, C)``.
     """
 
     def __init__(self, num_features: int, embed_dim: int, eps: float = 1e-5):

@@ -1,7 +1,7 @@
 """The widths of a scalable Transformer's sub-Transformers (Gao et al. 2021, Secs. 3.1-3.3, Appendix B):
 the width set M, the widths a model is built at, width-dependent dropout, and the top-left weight
-blocks a sub-Transformer of width C uses. Shared by the model (:mod:`..models.scalable_transformer`),
-the task that trains the sub-Transformers (:mod:`..tasks.scalable_translation`) and the tools."""
+blocks a sub-Transformer of width C uses. Shared by the model (``..models.scalable_transformer``),
+the task that trains the sub-Transformers (``..tasks.scalable_translation``) and the tools."""
 from typing import Dict, List, Tuple
 
 from torch import Tensor

@@ -1,0 +1,47 @@
+"""mkdocs hook: the site's quick-start page is README's "Quick start" and "Train on your own data",
+included when the site is built (docs/quickstart.md names them), so that the two read the same and
+are written once. README's links, relative to the repository root (``docs/usage.md``), are made
+relative to docs/ (``usage.md``); a link to a file outside docs/ fails the build, naming it."""
+import re
+from pathlib import Path
+
+README = Path(__file__).parent / "README.md"
+#: ``<!-- README: Heading -->`` in a page: replaced by README's ``## Heading`` section.
+MARKER = re.compile(r"<!-- README: (.+?) -->")
+
+
+def readme_section(heading: str) -> str:
+    """README's ``## heading`` section, heading included, up to the next ``## `` heading.
+
+    Raises:
+        KeyError: if README has no such section (the build fails, naming it).
+    """
+    text = README.read_text()
+    match = re.search(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", text, re.M | re.S)
+    if match is None:
+        raise KeyError(f"README.md has no section '## {heading}'")
+    return match.group(0)
+
+
+def relative_to_docs(markdown: str) -> str:
+    """``markdown`` with README's links to docs/ pages made relative to docs/.
+
+    Raises:
+        ValueError: for a relative link to a file outside docs/, which the site does not hold.
+    """
+    def link(match):
+        target = match.group(1)
+        if re.match(r"[a-z]+://|#", target):
+            return match.group(0)
+        if not target.startswith("docs/"):
+            raise ValueError(f"README links {target}, which is outside docs/: the site cannot include it")
+        return f"]({target[len('docs/'):]})"
+    return re.sub(r"\]\(([^)\s]+)\)", link, markdown)
+
+
+def on_page_markdown(markdown, page, **kwargs):
+    if not MARKER.search(markdown):
+        return markdown
+    # the page's own text after its markers points GitHub readers to README; the site has the sections
+    body = MARKER.sub(lambda m: relative_to_docs(readme_section(m.group(1))), markdown)
+    return re.sub(r"\n<!-- github -->.*", "\n", body, flags=re.S)
