@@ -21,11 +21,15 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
   without torch_xla fails at start, on a GPU as on a CPU.
 * ``bf16_inference``: ``fairseq-generate --bf16`` (and ``fairseq-interactive``, the hub
   interface) decodes in fp32, ignoring the flag.
+* ``torchrun_joins_one_group``: workers started by ``torchrun`` train as independent runs (or,
+  without CUDA, fail) unless ``--distributed-world-size`` matches, which its default does only on
+  a machine with as many GPUs as workers.
 """
 import functools
 import importlib.util
 import logging
 import math
+import os
 import sys
 from typing import Optional
 
@@ -260,3 +264,43 @@ def bf16_inference():
 
     prepare_for_inference_.casts_bf16 = True
     BaseFairseqModel.prepare_for_inference_ = prepare_for_inference_
+
+
+#: The variables torchrun (and torch.distributed.launch) sets in every worker it starts.
+TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_joins_one_group():
+    """Join the workers torchrun starts into one process group, on CPUs as on GPUs.
+
+    fairseq reads torchrun's variables only when ``--distributed-world-size`` is above 1, and its
+    default is the number of local GPUs (at least 1): on a CPU, on a machine with one GPU, or on
+    several machines with one GPU each, every worker trains alone, without an error, and all write
+    the same checkpoint files. Given ``--distributed-world-size`` on a machine without CUDA, it
+    fails in ``rank % torch.cuda.device_count()``. Under torchrun's variables this wrapper sets the
+    world size and rank from ``WORLD_SIZE`` and ``RANK``, the device from ``LOCAL_RANK``,
+    ``env://`` as the init method, and ``--distributed-no-spawn`` (torchrun has started the
+    processes). Idempotent.
+
+    Raises:
+        ValueError: when ``--distributed-world-size`` was given and differs from ``WORLD_SIZE``.
+    """
+    original = distributed_utils.infer_init_method
+    if getattr(original, "reads_torchrun", False):
+        return
+
+    @functools.wraps(original)
+    def infer_init_method(cfg, force_distributed=False):
+        torchrun = all(v in os.environ for v in TORCHRUN_VARIABLES)
+        if not torchrun or cfg.distributed_init_method is not None or cfg.tpu or int(os.environ["WORLD_SIZE"]) == 1:
+            return original(cfg, force_distributed)
+        world = int(os.environ["WORLD_SIZE"])
+        if cfg.distributed_world_size not in (world, max(1, torch.cuda.device_count())):
+            raise ValueError(f"--distributed-world-size {cfg.distributed_world_size} under torchrun's "
+                             f"WORLD_SIZE={world}: leave the flag out (the workers torchrun starts are the group)")
+        cfg.distributed_init_method = "env://"
+        cfg.distributed_world_size, cfg.distributed_rank = world, int(os.environ["RANK"])
+        cfg.device_id, cfg.distributed_no_spawn = int(os.environ["LOCAL_RANK"]), True
+
+    infer_init_method.reads_torchrun = True
+    distributed_utils.infer_init_method = infer_init_method

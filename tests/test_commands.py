@@ -144,7 +144,7 @@ def program(argv: List[str]) -> Optional[List[str]]:
     """``argv`` from the program on if it runs one of the commands this test parses, else None."""
     for i, token in enumerate(argv):
         name = token.rsplit("/", 1)[-1]
-        if name in FAIRSEQ_TOOLS:
+        if name in FAIRSEQ_TOOLS or name == "torchrun":
             return [name, *argv[i + 1:]]
         if re.fullmatch(r"python[\d.]*", name) and len(argv) > i + 1:
             rest = argv[i + 1:]
@@ -350,6 +350,22 @@ def missing_files(argv: List[str]) -> List[str]:
             and not (REPO / t).exists()]
 
 
+#: What torchrun starts, by module: the fairseq tool whose parser reads the rest.
+TORCHRUN_MODULES = {"fairseq_cli.train": "fairseq-train", "fairseq_cli.generate": "fairseq-generate"}
+
+
+def torchrun_error(argv: List[str]) -> Optional[str]:
+    """torchrun's own options by its parser, then the module's by the fairseq tool's."""
+    from torch.distributed.run import get_args_parser
+    error = argparse_error(lambda: get_args_parser().parse_args(argv))
+    if error:
+        return error
+    args = get_args_parser().parse_args(argv)
+    if not args.module or args.training_script not in TORCHRUN_MODULES:
+        return f"torchrun starts {args.training_script}, not one of {sorted(TORCHRUN_MODULES)} with -m"
+    return fairseq_error(TORCHRUN_MODULES[args.training_script], args.training_script_args)
+
+
 def error_of(command: Command) -> Optional[str]:
     kind, *rest = command.argv
     missing = missing_files(rest)
@@ -357,6 +373,8 @@ def error_of(command: Command) -> Optional[str]:
         return f"names files the tree does not have: {missing}"
     if kind in FAIRSEQ_TOOLS:
         return fairseq_error(kind, rest)
+    if kind == "torchrun":
+        return torchrun_error(rest)
     if kind == "-m":
         module = importlib.import_module(rest[0])
         return argparse_error(lambda: module.main(rest[1:]))
@@ -372,7 +390,7 @@ COMMANDS = manual_commands()
 
 def test_the_manual_has_commands_of_every_kind():
     kinds = {c.argv[0] for c in COMMANDS}
-    assert {"fairseq-train", "fairseq-generate", "fairseq-preprocess", "-m", "script", "bash"} <= kinds, kinds
+    assert {"fairseq-train", "fairseq-generate", "fairseq-preprocess", "-m", "script", "bash", "torchrun"} <= kinds, kinds
     assert len(COMMANDS) > 60
 
 

@@ -1,0 +1,74 @@
+"""torchrun launches data-parallel training: its workers join one process group whatever fairseq's
+default world size (``fairseq_widearch.fairseq_fixes.torchrun_joins_one_group``), on the CPU with
+gloo as on GPUs, and train as the same ranks started by hand do."""
+import socket
+
+import pytest
+import torch
+from fairseq.dataclass.configs import DistributedTrainingConfig
+from fairseq.distributed import utils as distributed_utils
+
+from conftest import BIN, REPO, TINY_ARCHS, TINY_CASES, criterion_for, ddp_train, run
+
+TORCHRUN = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+
+
+def inferred(monkeypatch, env, **flags):
+    for name in TORCHRUN:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cfg = DistributedTrainingConfig(**{"tpu": False, **flags})  # (tpu interpolates common.tpu in a full config)
+    distributed_utils.infer_init_method(cfg)
+    return cfg
+
+
+def test_torchrun_workers_take_world_size_rank_and_device_from_its_variables(monkeypatch):
+    cfg = inferred(monkeypatch, TORCHRUN)  # the default world size: the local GPUs, at least 1
+    assert (cfg.distributed_init_method, cfg.distributed_world_size, cfg.distributed_rank) == ("env://", 4, 3)
+    assert cfg.device_id == 1 and cfg.distributed_no_spawn  # LOCAL_RANK, not RANK % the GPUs (none here)
+    assert inferred(monkeypatch, TORCHRUN, distributed_world_size=4).distributed_world_size == 4
+
+
+def test_a_world_size_flag_that_disagrees_with_torchrun_fails(monkeypatch):
+    with pytest.raises(ValueError, match="--distributed-world-size 3 under torchrun's WORLD_SIZE=4"):
+        inferred(monkeypatch, TORCHRUN, distributed_world_size=3)
+
+
+def test_without_torchrun_or_with_one_worker_fairseq_decides_as_before(monkeypatch):
+    assert inferred(monkeypatch, {}).distributed_init_method is None
+    assert inferred(monkeypatch, {**TORCHRUN, "WORLD_SIZE": "1", "RANK": "0"}).distributed_init_method is None
+    given = inferred(monkeypatch, TORCHRUN, distributed_init_method="tcp://127.0.0.1:1234")
+    assert (given.distributed_init_method, given.distributed_rank) == ("tcp://127.0.0.1:1234", 0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_train(data, save, arch, *extra, max_update=3):
+    """``torchrun --nproc-per-node 2 -m fairseq_cli.train`` on the CPU with gloo, no world-size flag;
+    the flags of conftest.ddp_train. Returns rank 0's checkpoint's model and the output."""
+    cmd = [BIN / "torchrun", "--nproc-per-node", 2, "--master-port", free_port(), "-m", "fairseq_cli.train", data,
+           "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", save, "--max-update", max_update,
+           "--cpu", "--num-workers", 0, "--optimizer", "adam", "--lr", 0.001, "--max-tokens", 512, "--seed", 1,
+           "--disable-validation", "--no-epoch-checkpoints", "--ddp-backend", "legacy_ddp",
+           "--distributed-backend", "gloo", *criterion_for(arch), *extra]
+    out = run(cmd).stdout
+    return torch.load(save / "checkpoint_last.pt", weights_only=False)["model"], out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_every_tiny_preset_trains_under_torchrun_as_two_ranks_started_by_hand(arch, multi30k_bin, tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # both ways alike (torchrun would set it to 1)
+    (tmp_path / "by_hand").mkdir()
+    by_hand, _ = ddp_train(multi30k_bin, tmp_path / "by_hand", arch, *TINY_CASES[arch])
+    state, out = torchrun_train(multi30k_bin, tmp_path / "torchrun", arch, *TINY_CASES[arch])
+    assert "initialized host" in out and out.count("| epoch 001 |") == 1  # one group: rank 0 alone logs
+    assert state.keys() == by_hand[0].keys()
+    differ = {k: (state[k] - by_hand[0][k]).abs().max().item() for k in state if not torch.equal(state[k], by_hand[0][k])}
+    assert differ == {}, arch
