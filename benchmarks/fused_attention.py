@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Training step time with the attention on the fused kernels against before.
 
-"Before" is what the plugin did until 2026-11-26: decoder self-attention with fairseq's additive
+"Before" is the unfused path, kept as the baseline: decoder self-attention with fairseq's additive
 causal mask plus the target padding mask (which keeps SDPA's flash kernels out), and the last
 decoder layer's cross-attention weights computed explicitly in every training forward although no
 training loss reads them. "After" is the default: SDPA's own causal mask over right-padded targets

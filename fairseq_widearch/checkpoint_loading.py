@@ -16,14 +16,19 @@ import typing
 import zipfile
 
 import torch
+from fairseq.distributed.utils import _TensorPlaceholder
 from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
 
 #: What fairseq (0.10-0.12) checkpoints hold besides tensors and plain containers:
 #: the legacy ``args`` Namespace; omegaconf configs with their node/metadata classes; and the
-#: types omegaconf records as metadata (``typing.Any`` and builtin element/key types).
+#: types omegaconf records as metadata (``typing.Any`` and builtin element/key types); and the
+#: placeholder that stands for a tensor when rank 0 broadcasts a loaded checkpoint's state to the
+#: other data-parallel workers (``fairseq.distributed.utils.broadcast_object``, which the workers
+#: ``torch.load``: without it every resumed multi-worker training fails at its first load).
 FAIRSEQ_CHECKPOINT_GLOBALS = [
+    _TensorPlaceholder,
     argparse.Namespace,
     collections.defaultdict,
     DictConfig,

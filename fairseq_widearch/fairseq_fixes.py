@@ -24,12 +24,15 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
 * ``torchrun_joins_one_group``: workers started by ``torchrun`` train as independent runs (or,
   without CUDA, fail) unless ``--distributed-world-size`` matches, which its default does only on
   a machine with as many GPUs as workers.
+* ``heartbeat_ends_a_hung_job``: ``--heartbeat-timeout`` logs that it kills a worker that makes no
+  progress, but its SIGINT cannot end one that waits in a collective for a hung peer.
 """
 import functools
 import importlib.util
 import logging
 import math
 import os
+import signal as signal_module
 import sys
 from typing import Optional
 
@@ -283,7 +286,8 @@ def torchrun_joins_one_group():
     processes). Idempotent.
 
     Raises:
-        ValueError: when ``--distributed-world-size`` was given and differs from ``WORLD_SIZE``.
+        ValueError: when ``--distributed-world-size`` differs from ``WORLD_SIZE`` and from its
+            default (a value equal to the default cannot be told from the default, and yields).
     """
     original = distributed_utils.infer_init_method
     if getattr(original, "reads_torchrun", False):
@@ -292,7 +296,8 @@ def torchrun_joins_one_group():
     @functools.wraps(original)
     def infer_init_method(cfg, force_distributed=False):
         torchrun = all(v in os.environ for v in TORCHRUN_VARIABLES)
-        if not torchrun or cfg.distributed_init_method is not None or cfg.tpu or int(os.environ["WORLD_SIZE"]) == 1:
+        if (not torchrun or cfg.distributed_init_method is not None or cfg.tpu or cfg.pipeline_model_parallel
+                or int(os.environ["WORLD_SIZE"]) == 1):  # fairseq's own path (pipelines: its device setup)
             return original(cfg, force_distributed)
         world = int(os.environ["WORLD_SIZE"])
         if cfg.distributed_world_size not in (world, max(1, torch.cuda.device_count())):
@@ -304,3 +309,27 @@ def torchrun_joins_one_group():
 
     infer_init_method.reads_torchrun = True
     distributed_utils.infer_init_method = infer_init_method
+
+
+def heartbeat_ends_a_hung_job():
+    """Make ``--heartbeat-timeout N`` end a worker that has made no progress for N seconds.
+
+    fairseq's watchdog (``DistributedTimeoutWrapper``) logs "Killing job for not making progress"
+    and sends the worker SIGINT. A worker waiting in a collective for a peer that hangs is inside
+    the communication library, where Python never gets to raise the KeyboardInterrupt: the job went
+    on waiting for the process group's timeout (30 minutes on gloo). SIGTERM, whose default action
+    ends the process wherever it waits, is sent instead; torchrun then stops the group (and starts
+    it again under ``--max-restarts``). A signal the caller names is kept. Idempotent.
+    """
+    from fairseq.distributed.distributed_timeout_wrapper import DistributedTimeoutWrapper
+
+    original = DistributedTimeoutWrapper.__init__
+    if getattr(original, "ends_hung_jobs", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, module, timeout, signal=signal_module.SIGTERM):
+        original(self, module, timeout, signal)
+
+    __init__.ends_hung_jobs = True
+    DistributedTimeoutWrapper.__init__ = __init__

@@ -89,6 +89,17 @@ def test_omegaconf_configs_in_old_checkpoints_load(tmp_path):
     assert state["cfg"].model.arch == "transformer"
 
 
+def test_a_checkpoint_state_broadcast_to_the_other_workers_loads(tmp_path):
+    """Rank 0 loads a checkpoint and broadcasts it to the other data-parallel workers with its
+    tensors replaced by placeholders; each worker ``torch.load``s what it receives."""
+    from fairseq.distributed.utils import _split_tensors_from_obj
+
+    tensors = []
+    state = _split_tensors_from_obj({"model": {"w": torch.ones(2)}, "args": Namespace(arch="transformer")}, tensors)
+    torch.save(state, tmp_path / "broadcast.pt")
+    assert torch.load(tmp_path / "broadcast.pt")["model"]["w"].index == 0 and len(tensors) == 1
+
+
 @pytest.mark.slow
 def test_average_checkpoints_of_the_last_updates(multi30k_bin, tmp_path):
     """The average of the last two interval checkpoints, loadable for decoding."""

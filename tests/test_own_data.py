@@ -113,6 +113,6 @@ def test_the_own_data_path_trains_decodes_and_scores(prepared, tmp_path, arch):
     scores = bleu_scores(bash(as_test(usage_block(arch)), tmp_path))
     assert len(scores) == (3 if arch == "scalable_transformer" else 1)  # one per width of the scalable model
     hyps = sorted(tmp_path.glob("hyp*.de"))
-    assert all(len(h.read_text().splitlines()) == SLICE["test"] for h in hyps)
+    assert len(hyps) == len(scores) and all(len(h.read_text().splitlines()) == SLICE["test"] for h in hyps)
     assert not any(p.suffix == ".pt" for p in prepared.rglob("*")), "the block wrote into the prepared data"
     shutil.rmtree(tmp_path / "checkpoints")

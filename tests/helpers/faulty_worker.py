@@ -1,0 +1,31 @@
+"""``fairseq-train`` as one torchrun worker that fails on purpose once, and prints what it trains on.
+
+With ``FAULT`` (``kill`` or ``stop``), ``FAULT_RANK`` r and ``FAULT_UPDATE`` u in the environment,
+the worker of rank r, in the group's first attempt (torchrun's ``TORCHELASTIC_RESTART_COUNT`` 0),
+sends itself SIGKILL (dies) or SIGSTOP (hangs) as it starts update u. Every worker prints the
+sentence ids of each batch it starts training on, ``| batch <attempt> <rank> <update> <ids>``
+(update counted from 1), so that a test can tell what an interrupted run replayed or skipped."""
+import os
+import signal
+
+from fairseq.trainer import Trainer
+from fairseq_cli.train import cli_main
+
+train_step = Trainer.train_step
+
+
+def printed_train_step(self, samples, raise_oom=False):
+    update, rank = self.get_num_updates() + 1, self.data_parallel_rank
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    ids = sorted(i for s in samples if s for i in s["id"].tolist())
+    print(f"| batch {attempt} {rank} {update} {','.join(map(str, ids))}", flush=True)
+    fault = os.environ.get("FAULT")
+    if fault and attempt == 0 and rank == int(os.environ["FAULT_RANK"]) and update == int(os.environ["FAULT_UPDATE"]):
+        os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[fault])
+    return train_step(self, samples, raise_oom)
+
+
+Trainer.train_step = printed_train_step
+
+if __name__ == "__main__":
+    cli_main()

@@ -1,0 +1,71 @@
+"""A data-parallel training that loses a worker mid-epoch, after a checkpoint, under ``torchrun
+--max-restarts 1``: a worker killed (SIGKILL) or hung (SIGSTOP, ended by ``--heartbeat-timeout``:
+``fairseq_widearch.fairseq_fixes.heartbeat_ends_a_hung_job``) makes torchrun restart the group,
+fairseq resumes from checkpoint_last.pt, and the run ends at ``--max-update`` with the parameters
+of an uninterrupted run, every batch trained once (tests/helpers/faulty_worker.py makes the fault
+and prints each batch's sentences)."""
+import os
+import re
+import socket
+
+import pytest
+import torch
+
+from conftest import BIN, REPO, run
+
+#: The fault comes two updates after a checkpoint: the faulty rank cannot start the second before
+#: rank 0 has written the checkpoint (the first's gradients wait for rank 0 in the all-reduce).
+UPDATES, CHECKPOINT_EVERY, FAULT_AT = 6, 2, 4
+HEARTBEAT = 5  # seconds
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(data, save, **fault):
+    """Two gloo workers of widenet_tiny under torchrun (c10d rendezvous, one restart allowed); the
+    model's final parameters and, per (attempt, rank, update), the sentence ids its batch holds."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+           **{k.upper(): str(v) for k, v in fault.items()}}
+    cmd = [BIN / "torchrun", "--nproc-per-node", 2, "--max-restarts", 1, "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", REPO / "tests" / "helpers" / "faulty_worker.py", data,
+           "--user-dir", REPO / "fairseq_widearch", "--arch", "widenet_tiny",
+           "--criterion", "moe_label_smoothed_cross_entropy", "--cpu", "--distributed-backend", "gloo",
+           "--ddp-backend", "legacy_ddp", "--num-workers", 0, "--optimizer", "adam", "--lr", 0.001,
+           "--max-tokens", 512, "--seed", 1, "--dropout", 0.1, "--disable-validation", "--no-epoch-checkpoints",
+           "--save-interval-updates", CHECKPOINT_EVERY, "--max-update", UPDATES,
+           "--heartbeat-timeout", HEARTBEAT, "--save-dir", save]
+    proc = run(cmd, env=env, timeout=300)
+    out = proc.stdout + proc.stderr  # the batches; fairseq's and torchrun's logs
+    batches = {(int(a), int(r), int(u)): ids for a, r, u, ids in re.findall(r"^\| batch (\d) (\d) (\d+) (\S+)$", out, re.M)}
+    return torch.load(save / "checkpoint_last.pt", weights_only=False), batches, out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(multi30k_bin, tmp_path_factory):
+    return torchrun(multi30k_bin, tmp_path_factory.mktemp("uninterrupted"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_lost_worker_restarts_the_group_which_resumes_and_ends_as_an_uninterrupted_run(
+        fault, uninterrupted, multi30k_bin, tmp_path):
+    state, batches, out = torchrun(multi30k_bin, tmp_path, fault=fault, fault_rank=1, fault_update=FAULT_AT)
+    expected_state, expected_batches, _ = uninterrupted
+    if fault == "stop":  # the hung worker's peer, waiting in a collective, ended by the heartbeat
+        assert f"Killing job for not making progress in {HEARTBEAT} seconds" in out
+    assert f"Loaded checkpoint {tmp_path}/checkpoint_last.pt (epoch 1 @ {CHECKPOINT_EVERY} updates)" in out
+    assert state["optimizer_history"][-1]["num_updates"] == UPDATES
+    differ = [k for k in state["model"] if not torch.equal(state["model"][k], expected_state["model"][k])]
+    assert differ == []
+    # each update trained on the uninterrupted run's batch: the first attempt's up to the fault, the
+    # restart's from the checkpoint on; the batches after the checkpoint drawn again, nothing skipped
+    for rank in (0, 1):
+        first = {u: ids for (a, r, u), ids in batches.items() if a == 0 and r == rank}
+        again = {u: ids for (a, r, u), ids in batches.items() if a == 1 and r == rank}
+        assert set(range(1, FAULT_AT)) <= set(first) <= set(range(1, FAULT_AT + 1))  # the peer may die first
+        assert sorted(again) == list(range(CHECKPOINT_EVERY + 1, UPDATES + 1))
+        assert {**first, **again} == {u: expected_batches[(0, rank, u)] for u in range(1, UPDATES + 1)}
