@@ -22,7 +22,7 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["fairseq_widearch", "fairseq_widearch.*"]),
     python_requires=">=3.11, <3.13",  # ve-fairseq has wheels for CPython 3.11 and 3.12 only
-    install_requires=["torch>=2.0"] + FAIRSEQ,
+    install_requires=["torch>=2.11"] + FAIRSEQ,  # the lowest torch the package has run with (GPU: 2.11, CPU: 2.13)
     extras_require={
         "examples": EXAMPLES,
         "plots": PLOTS,

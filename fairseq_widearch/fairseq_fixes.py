@@ -26,12 +26,15 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
   a machine with as many GPUs as workers.
 * ``heartbeat_ends_a_hung_job``: ``--heartbeat-timeout`` logs that it kills a worker that makes no
   progress, but its SIGINT cannot end one that waits in a collective for a hung peer.
+* ``checkpoint_copies_are_atomic``: a kill while fairseq copies a saved checkpoint to
+  ``checkpoint_last.pt`` leaves that file cut short.
 """
 import functools
 import importlib.util
 import logging
 import math
 import os
+import shutil
 import signal as signal_module
 import sys
 from typing import Optional
@@ -281,7 +284,7 @@ def torchrun_joins_one_group():
     several machines with one GPU each, every worker trains alone, without an error, and all write
     the same checkpoint files. Given ``--distributed-world-size`` on a machine without CUDA, it
     fails in ``rank % torch.cuda.device_count()``. Under torchrun's variables this wrapper sets the
-    world size and rank from ``WORLD_SIZE`` and ``RANK``, the device from ``LOCAL_RANK``,
+    world size and rank from ``WORLD_SIZE`` and ``RANK``, the device from ``LOCAL_RANK`` (modulo its GPUs),
     ``env://`` as the init method, and ``--distributed-no-spawn`` (torchrun has started the
     processes). Idempotent.
 
@@ -305,7 +308,10 @@ def torchrun_joins_one_group():
                              f"WORLD_SIZE={world}: leave the flag out (the workers torchrun starts are the group)")
         cfg.distributed_init_method = "env://"
         cfg.distributed_world_size, cfg.distributed_rank = world, int(os.environ["RANK"])
-        cfg.device_id, cfg.distributed_no_spawn = int(os.environ["LOCAL_RANK"]), True
+        # LOCAL_RANK among the GPUs this worker sees (one, where a launcher gives each its own)
+        local, gpus = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
+        cfg.device_id = local % gpus if gpus else local
+        cfg.distributed_no_spawn = True
 
     infer_init_method.reads_torchrun = True
     distributed_utils.infer_init_method = infer_init_method
@@ -333,3 +339,32 @@ def heartbeat_ends_a_hung_job():
 
     __init__.ends_hung_jobs = True
     DistributedTimeoutWrapper.__init__ = __init__
+
+
+def checkpoint_copies_are_atomic():
+    """Write the copies of a saved checkpoint (``checkpoint_last.pt``, ``checkpoint_best.pt``) to a
+    temporary file renamed over the target, as fairseq writes the checkpoint itself.
+
+    ``checkpoint_utils.save_checkpoint`` saves the first checkpoint of an update or epoch
+    atomically (``torch_persistent_save``: ``.tmp``, then a rename) and copies it to the others with
+    ``shutil.copyfile``, which truncates the target and writes it in place: a worker killed during
+    the copy (a preempted job, torchrun stopping the group) leaves ``checkpoint_last.pt`` cut short,
+    and the restart cannot resume. Now a kill leaves the previous ``checkpoint_last.pt`` whole. Only
+    local paths change; fairseq's ``PathManager`` handles the others as before. Idempotent.
+    """
+    from fairseq.file_io import PathManager
+
+    original = PathManager.copy
+    if getattr(original, "atomic", False):
+        return
+
+    @functools.wraps(original)
+    def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        if not PathManager.supports_rename(dst_path):
+            return original(src_path, dst_path, overwrite)
+        shutil.copyfile(src_path, dst_path + ".tmp")
+        os.replace(dst_path + ".tmp", dst_path)
+        return True
+
+    copy.atomic = True
+    PathManager.copy = staticmethod(copy)

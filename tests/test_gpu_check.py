@@ -1,5 +1,6 @@
 """The GPU machine's prepared command (benchmarks/gpu_check.sh) in its ``--dry-run``: every step
 with its CPU stand-ins, the same report, so that the command cannot rot while no GPU runs it."""
+import importlib.util
 import json
 import re
 import subprocess
@@ -8,6 +9,10 @@ import sys
 import pytest
 
 from conftest import REPO
+
+spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
 
 
 @pytest.mark.slow
@@ -31,7 +36,9 @@ def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
         assert res["rc"] == 0 and res["json"], label
     assert report["steps"]["speed"]["moe bf16 256 tokens"]["json"]["candidates"].keys() == {
         "padded", "index", "permute", "grouped", "padded:sort", "grouped:sort"}
-    assert len(report["steps"]["speed"]["widenet utilisation bf16 batch 4"]["json"]) >= 6  # every candidate
+    utilisation = report["steps"]["speed"]["widenet utilisation bf16 batch 4"]["json"]
+    systems = ["widenet_tiny", *(c.replace(gpu_check.WIDENET, "widenet_tiny") for c in gpu_check.WIDENET_CANDIDATES)]
+    assert len(systems) == len(gpu_check.MOE_CANDIDATES) and all("ratio" in utilisation[s] for s in systems)
     assert report["steps"]["speed"]["moe compiled bf16 256 tokens"]["json"]["candidates"].keys() == {
         "padded", "padded+compile"}
     # PartialFormer's three attention kernels timed side by side in one model

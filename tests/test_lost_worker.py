@@ -7,11 +7,13 @@ and prints each batch's sentences)."""
 import os
 import re
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import BIN, REPO, run
+from conftest import BIN, REPO, TRAIN_FLAGS, criterion_for, run, train
 
 #: The fault comes two updates after a checkpoint: the faulty rank cannot start the second before
 #: rank 0 has written the checkpoint (the first's gradients wait for rank 0 in the all-reduce).
@@ -37,7 +39,7 @@ def torchrun(data, save, **fault):
            "--ddp-backend", "legacy_ddp", "--num-workers", 0, "--optimizer", "adam", "--lr", 0.001,
            "--max-tokens", 512, "--seed", 1, "--dropout", 0.1, "--disable-validation", "--no-epoch-checkpoints",
            "--save-interval-updates", CHECKPOINT_EVERY, "--max-update", UPDATES,
-           "--heartbeat-timeout", HEARTBEAT, "--save-dir", save]
+           *(["--heartbeat-timeout", HEARTBEAT] if fault.get("fault") == "stop" else []), "--save-dir", save]
     proc = run(cmd, env=env, timeout=300)
     out = proc.stdout + proc.stderr  # the batches; fairseq's and torchrun's logs
     batches = {(int(a), int(r), int(u)): ids for a, r, u, ids in re.findall(r"^\| batch (\d) (\d) (\d+) (\S+)$", out, re.M)}
@@ -69,3 +71,22 @@ def test_a_lost_worker_restarts_the_group_which_resumes_and_ends_as_an_uninterru
         assert set(range(1, FAULT_AT)) <= set(first) <= set(range(1, FAULT_AT + 1))  # the peer may die first
         assert sorted(again) == list(range(CHECKPOINT_EVERY + 1, UPDATES + 1))
         assert {**first, **again} == {u: expected_batches[(0, rank, u)] for u in range(1, UPDATES + 1)}
+
+
+@pytest.mark.slow
+def test_a_kill_while_checkpoint_last_is_written_leaves_the_previous_one_whole(multi30k_bin, tmp_path):
+    """fairseq saves each checkpoint and copies it to checkpoint_last.pt; a worker killed halfway
+    through the copy of update 2's (``fairseq_widearch.fairseq_fixes.checkpoint_copies_are_atomic``)
+    leaves update 1's checkpoint_last.pt whole, and the same command resumes from it."""
+    flags = ["--save-interval-updates", "1"]
+    cmd = [sys.executable, REPO / "tests" / "helpers" / "faulty_worker.py", multi30k_bin, "--user-dir",
+           REPO / "fairseq_widearch", "--arch", "widenet_tiny", "--save-dir", tmp_path, "--max-update", 3,
+           *TRAIN_FLAGS, *criterion_for("widenet_tiny"), *flags]
+    killed = subprocess.run([str(c) for c in cmd], env={**os.environ, "FAULT": "copy", "FAULT_COPY": "2"},
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
+    assert torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)["optimizer_history"][-1]["num_updates"] == 1
+    resumed = train(multi30k_bin, tmp_path, "widenet_tiny", *flags, max_update=3)
+    out = resumed.stdout + resumed.stderr
+    assert "Loaded checkpoint" in out and "(epoch 1 @ 1 updates)" in out
+    assert torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)["optimizer_history"][-1]["num_updates"] == 3

@@ -12,7 +12,7 @@ cross-attention and the MoE (docs/widenet.md). Balance losses of every routing c
 ``moe_load``) and are summed by ``moe_label_smoothed_cross_entropy`` (Eq. 8).
 """
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional
 
 import torch
@@ -381,13 +381,12 @@ def validate_widenet_config(args):
     require_positive(args, "moe_experts", "moe_top_k")
     require(args.moe_top_k <= args.moe_experts,
             f"--moe-top-k {args.moe_top_k} exceeds --moe-experts {args.moe_experts}")
-    require(args.moe_capacity_factor > 0, f"--moe-capacity-factor must be > 0, got {args.moe_capacity_factor}")
-    require(args.moe_eval_capacity_factor >= 0,
-            f"--moe-eval-capacity-factor must be >= 0 (0: no limit), got {args.moe_eval_capacity_factor}")
-    for flag, value, default in (("--moe-dispatch", args.moe_dispatch, "padded"), ("--moe-slots", args.moe_slots, "count"),
-                                 ("--moe-compile", args.moe_compile, False)):
-        require(not (args.widenet_dense_ffn and value != default),
-                f"{flag} {value} concerns the MoE layer; --widenet-dense-ffn has none")
+    # the capacity factors are checked where they are used (TopKRouter, at build)
+    defaults = {f.name: f.default for f in fields(WideNetConfig)}
+    for name in ("moe_dispatch", "moe_slots", "moe_compile"):
+        value = getattr(args, name)
+        require(not (args.widenet_dense_ffn and value != defaults[name]),
+                f"--{name.replace('_', '-')} {value} concerns the MoE layer; --widenet-dense-ffn has none")
     require(not (args.widenet_dense_ffn and args.widenet_router_per_block),
             "--widenet-router-per-block needs the MoE layer; it cannot go with --widenet-dense-ffn")
     groups = args.widenet_routing_groups

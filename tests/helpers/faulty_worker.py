@@ -4,8 +4,11 @@ With ``FAULT`` (``kill`` or ``stop``), ``FAULT_RANK`` r and ``FAULT_UPDATE`` u i
 the worker of rank r, in the group's first attempt (torchrun's ``TORCHELASTIC_RESTART_COUNT`` 0),
 sends itself SIGKILL (dies) or SIGSTOP (hangs) as it starts update u. Every worker prints the
 sentence ids of each batch it starts training on, ``| batch <attempt> <rank> <update> <ids>``
-(update counted from 1), so that a test can tell what an interrupted run replayed or skipped."""
+(update counted from 1), so that a test can tell what an interrupted run replayed or skipped.
+With ``FAULT=copy`` and ``FAULT_COPY`` n, the worker writes half of its n-th file copy (fairseq
+copies each saved checkpoint to ``checkpoint_last.pt``) and sends itself SIGKILL."""
 import os
+import shutil
 import signal
 
 from fairseq.trainer import Trainer
@@ -20,12 +23,26 @@ def printed_train_step(self, samples, raise_oom=False):
     ids = sorted(i for s in samples if s for i in s["id"].tolist())
     print(f"| batch {attempt} {rank} {update} {','.join(map(str, ids))}", flush=True)
     fault = os.environ.get("FAULT")
-    if fault and attempt == 0 and rank == int(os.environ["FAULT_RANK"]) and update == int(os.environ["FAULT_UPDATE"]):
+    if fault in ("kill", "stop") and attempt == 0 and rank == int(os.environ["FAULT_RANK"]) and update == int(os.environ["FAULT_UPDATE"]):
         os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[fault])
     return train_step(self, samples, raise_oom)
 
 
 Trainer.train_step = printed_train_step
+copyfile, copies = shutil.copyfile, []
+
+
+def copy_cut_short(src, dst, **kwargs):
+    copies.append(dst)
+    if os.environ.get("FAULT") == "copy" and len(copies) == int(os.environ["FAULT_COPY"]):
+        with open(src, "rb") as f, open(dst, "wb") as out:
+            data = f.read()
+            out.write(data[:len(data) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+    return copyfile(src, dst, **kwargs)
+
+
+shutil.copyfile = copy_cut_short
 
 if __name__ == "__main__":
     cli_main()

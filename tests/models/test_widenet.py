@@ -389,9 +389,9 @@ def test_a_checkpoint_saved_before_the_released_defaults_loads_as_it_was_trained
 def test_moe_compile_keeps_one_graph_per_moe_layer_over_an_epochs_batches(multi30k_bin):
     """``--moe-compile`` over the real training batches of an epoch, of varying shapes
     (benchmarks/moe_recompiles.py, graph capture by ``aot_eager``): at most one graph for each
-    stack's shared MoE layer, no recompilation, no graph break."""
+    stack's shared MoE layer and at least one (the flag compiles), no recompilation, no graph break."""
     out = run([sys.executable, REPO / "benchmarks" / "moe_recompiles.py", "--data", multi30k_bin,
                "--arch", "widenet_tiny", "--batches", "20"]).stdout
     measured = json.loads(out.strip().splitlines()[-1])
     assert measured["batch_shapes"] >= 5, measured
-    assert measured["unique_graphs"] <= 2 and (measured["recompilations"], measured["graph_breaks"]) == (0, 0), measured
+    assert 1 <= measured["unique_graphs"] <= 2 and (measured["recompilations"], measured["graph_breaks"]) == (0, 0), measured
