@@ -1,6 +1,7 @@
 """Shared fixtures: tiny real data (a slice of Multi30k) and CLI runners."""
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,13 @@ def run(cmd, cwd=None, env=None, timeout=600, input=None):
         raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
                              f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
     return proc
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for a rendezvous the test starts next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def fairseq_cli(tool):

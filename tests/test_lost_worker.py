@@ -6,25 +6,18 @@ of an uninterrupted run, every batch trained once (tests/helpers/faulty_worker.p
 and prints each batch's sentences)."""
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import BIN, REPO, TRAIN_FLAGS, criterion_for, run, train
+from conftest import BIN, REPO, TRAIN_FLAGS, criterion_for, free_port, run, train
 
 #: The fault comes two updates after a checkpoint: the faulty rank cannot start the second before
 #: rank 0 has written the checkpoint (the first's gradients wait for rank 0 in the all-reduce).
 UPDATES, CHECKPOINT_EVERY, FAULT_AT = 6, 2, 4
 HEARTBEAT = 5  # seconds
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(data, save, **fault):

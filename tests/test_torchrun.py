@@ -1,14 +1,13 @@
 """torchrun launches data-parallel training: its workers join one process group whatever fairseq's
 default world size (``fairseq_widearch.fairseq_fixes.torchrun_joins_one_group``), on the CPU with
 gloo as on GPUs, and train as the same ranks started by hand do."""
-import socket
 
 import pytest
 import torch
 from fairseq.dataclass.configs import DistributedTrainingConfig
 from fairseq.distributed import utils as distributed_utils
 
-from conftest import BIN, REPO, TINY_ARCHS, TINY_CASES, criterion_for, ddp_train, run
+from conftest import BIN, REPO, TINY_ARCHS, TINY_CASES, criterion_for, ddp_train, free_port, run
 
 TORCHRUN = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 
@@ -42,12 +41,6 @@ def test_without_torchrun_or_with_one_worker_fairseq_decides_as_before(monkeypat
     assert inferred(monkeypatch, {**TORCHRUN, "WORLD_SIZE": "1", "RANK": "0"}).distributed_init_method is None
     given = inferred(monkeypatch, TORCHRUN, distributed_init_method="tcp://127.0.0.1:1234")
     assert (given.distributed_init_method, given.distributed_rank) == ("tcp://127.0.0.1:1234", 0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_train(data, save, arch, *extra, max_update=3):
