@@ -56,9 +56,9 @@ SPEED_SECONDS = 260
 
 def speed_commands(dry: bool) -> list:
     """(name, seconds allowed, argv) of every speed figure, most wanted first: the MoE layer against
-    its dense share with every candidate (8,192 and 16,384 tokens, fp16 and bf16; the compiled
-    region apart, its compilation in its warm-up), WideNet's utilisation against its stock twin
-    with every candidate, PartialFormer's three attention kernels in one model, its decoding per
+    its dense share with every candidate (8,192 and 16,384 tokens, fp16 and bf16, grouped in bf16
+    only, where it runs its own code; the compiled region apart, its compilation in its warm-up),
+    WideNet's utilisation in bf16 against its stock twin with every candidate, PartialFormer's three attention kernels in one model, its decoding per
     MAC."""
     moe = ["--dispatch", ",".join(MOE_CANDIDATES)]
     if dry:
@@ -78,16 +78,19 @@ def speed_commands(dry: bool) -> list:
                 ("partialformer decoding bf16", 200,
                  [BENCH / "partialformer_speed.py", *dev, "--vocab", "500", "--batch-size", "1", "--batches", "1",
                   "--rounds", "1", "--src-len", "4", "--tgt-len", "4"])]
+    # grouped runs padded outside bf16 (modules/moe.py, fast_grouped_mm): timed in bf16 alone
+    moe_fp16 = ["--dispatch", ",".join(c for c in MOE_CANDIDATES if not c.startswith("grouped"))]
     commands = [(f"moe {dtype} {tokens} tokens", 20,
                  [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", dtype, "--tokens", tokens,
-                  "--dim", "768", "--ffn", "3072", *moe])
+                  "--dim", "768", "--ffn", "3072", *(moe if dtype == "bf16" else moe_fp16)])
                 for tokens in (8192, 16384) for dtype in ("fp16", "bf16")]
     commands.append(("moe compiled fp16 8192 tokens", 45,
                      [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", "fp16", "--tokens", 8192,
                       "--dim", "768", "--ffn", "3072", "--dispatch", ",".join(MOE_COMPILED)]))
     # 6 steps x 3 rounds per side: 3 x 2 gave ratios that moved by up to 0.4 between two runs
-    commands.append(("widenet utilisation fp16 batch 544", 60,  # 544 x 30 = 16,320 tokens
-                     [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", 544,
+    # in bf16, the one dtype in which every candidate (grouped too) runs its own code
+    commands.append(("widenet utilisation bf16 batch 544", 60,  # 544 x 30 = 16,320 tokens
+                     [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", "bf16", "--batch-size", 544,
                       "--steps", "6", "--rounds", "3", "--systems", ";".join([WIDENET, *WIDENET_CANDIDATES])]))
     # PartialFormer's three attention kernels side by side, the causal kernel, logits as SDPA's bias
     commands.append(("fused attention fp16", 50,

@@ -8,10 +8,13 @@ scalable model makes a pass (forward, backward) for each width of ``--widths`` (
 training visits every width), the others one. After ``--warmup`` steps,
 ``torch.cuda.set_sync_debug_mode("warn")`` turns every synchronising call into a warning; they
 are counted over ``--steps`` steps, attributed to the Python line that made them, and divided by
-the passes. The last line is one JSON object: syncs per pass for each system, and per system the
-``file:line code`` sites with their syncs per pass.
+the passes. Then the same at inference, per decoding step: the model in eval mode, the encoder
+once and the decoder position by position with its incremental state, as fairseq-generate calls
+them. WideNet is counted with each of its dispatches. The last line is one JSON object: syncs per
+training pass and per decoding step for each system, and per system the ``file:line code`` sites
+with their syncs per pass or step.
 
-    python benchmarks/host_syncs.py [--batch-size 32] [--src-len 30] [--tgt-len 30] [--steps 3]
+    python benchmarks/host_syncs.py [--batch-size 32] [--src-len 30] [--tgt-len 30] [--steps 3] [--dtype fp32|bf16]
 """
 import argparse
 import json
@@ -37,6 +40,9 @@ SYSTEMS = {
     "latent_depth_transformer": ("latent_depth_transformer_multi30k", ["--decoder-layers", "12",
                                                                         "--latent-soft-updates", "0"]),
     "partialformer": ("partialformer_multi30k", []),
+    # WideNet's other dispatches (grouped runs its own code in --dtype bf16 only, else padded's)
+    **{f"widenet {dispatch}": ("widenet_multi30k", ["--moe-dispatch", dispatch])
+       for dispatch in ("index", "permute", "grouped")},
 }
 
 
@@ -53,8 +59,34 @@ def site(warning) -> str:
     return f"{path}:{warning.lineno} {linecache.getline(warning.filename, warning.lineno).strip()}"
 
 
+def synchronisations(run, passes: int) -> tuple:
+    """``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` -> (syncs per pass, {"file:line
+    code": syncs per pass})."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where = Counter(site(w) for w in caught if "synchroniz" in str(w.message))
+    return sum(where.values()) / passes, {k: v / passes for k, v in where.most_common()}
+
+
+def decode(model, batch, steps: int):
+    """Inference as fairseq-generate runs it: the encoder once, the decoder position by position
+    with its incremental state (``steps`` positions: one pass each)."""
+    src, lengths, prev, _ = batch
+    with torch.no_grad():
+        encoder_out, state = model.encoder(src, lengths), {}
+        for t in range(1, steps + 1):
+            model.decoder(prev[:, :t], encoder_out=encoder_out, incremental_state=state)
+
+
 def count(arch, argv, args):
-    """-> (syncs per training pass, {"file:line code": syncs per pass})."""
+    """-> (syncs per training pass, {"file:line code": syncs per pass}, syncs per decoding step,
+    {"file:line code": syncs per step})."""
     torch.manual_seed(0)
     model = build_model(arch, argv, vocab_size=args.vocab).cuda().train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
@@ -72,20 +104,16 @@ def count(arch, argv, args):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(args.warmup):
-        update()
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for _ in range(args.steps):
-                update()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    where = Counter(site(w) for w in caught if "synchroniz" in str(w.message))
-    passes = args.steps * max(len(widths), 1)
-    return sum(where.values()) / passes, {k: v / passes for k, v in where.most_common()}
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+    with autocast:
+        for _ in range(args.warmup):
+            update()
+        training = synchronisations(lambda: [update() for _ in range(args.steps)],
+                                    args.steps * max(len(widths), 1))
+        model.eval()
+        decode(model, batch, 2)  # warm-up
+        inference = synchronisations(lambda: decode(model, batch, args.tgt_len), args.tgt_len)
+    return (*training, *inference)
 
 
 def parser():
@@ -98,6 +126,7 @@ def parser():
     p.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")], default=[64, 128, 192, 256])
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: under autocast")
     return p
 
 
@@ -106,13 +135,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (sync debug mode is CUDA's)")
-    result, sites = {}, {}
+    result, sites, decoding, decoding_sites = {}, {}, {}, {}
     for name in args.systems.split(","):
         arch, flags = SYSTEMS[name]
-        result[name], sites[name] = count(arch, flags, args)
-        print(f"{name:26s} {result[name]:6.1f} syncs per pass  "
-              + "\n    ".join(f"x{v:g}  {k}" for k, v in sites[name].items()))
-    print(json.dumps({"syncs_per_pass": result, "sites": sites, "device": torch.cuda.get_device_name()}))
+        result[name], sites[name], decoding[name], decoding_sites[name] = count(arch, flags, args)
+        print(f"{name:26s} {result[name]:6.1f} syncs per training pass, {decoding[name]:6.1f} per decoding step  "
+              + "\n    ".join(f"x{v:g}  {k}" for k, v in {**sites[name], **decoding_sites[name]}.items()))
+    print(json.dumps({"syncs_per_pass": result, "sites": sites, "syncs_per_decoding_step": decoding,
+                      "decoding_sites": decoding_sites, "dtype": args.dtype, "device": torch.cuda.get_device_name()}))
 
 
 if __name__ == "__main__":

@@ -42,17 +42,19 @@ def parse_system(system: str):
 
 def stock_flags(system: str, encoder_layers: int) -> list:
     """The stock pre-norm Transformer of ``system``'s width d, FFN width, heads, decoder depth and
-    dropouts (all three: SDPA with attention dropout takes another kernel); FFN 4·d for PartialFormer,
+    dropouts (all three: SDPA with attention dropout takes another kernel; WideNet's experts' activation
+    dropout as the twin's); FFN 4·d for PartialFormer,
     whose own FFN flag does not describe its PG-FFN (latent depth's FFN is 2·d, the others' 4·d)."""
     arch = parse_system(system)[0]
     a = parse_arch_args(arch)
     ffn = 4 * a.encoder_embed_dim if arch.startswith("partialformer") else a.encoder_ffn_embed_dim
+    expert_rate = getattr(a, "moe_activation_dropout", None)  # WideNet's FFNs are its experts
     return ["--encoder-embed-dim", str(a.encoder_embed_dim), "--encoder-ffn-embed-dim", str(ffn),
             "--encoder-attention-heads", str(a.encoder_attention_heads), "--decoder-layers", str(a.decoder_layers),
             "--decoder-attention-heads", str(a.decoder_attention_heads), "--encoder-layers", str(encoder_layers),
             "--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before",
             "--dropout", str(a.dropout), "--attention-dropout", str(a.attention_dropout),
-            "--activation-dropout", str(a.activation_dropout)]
+            "--activation-dropout", str(expert_rate if expert_rate is not None else a.activation_dropout)]
 
 
 def step_flops(model, batch) -> float:

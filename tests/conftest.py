@@ -63,6 +63,14 @@ def fairseq_cli(tool):
     return BIN / f"fairseq-{tool}"
 
 
+@pytest.fixture
+def grouped_runs_here(monkeypatch):
+    """``--moe-dispatch grouped`` runs its own code on the CPU (torch's slow grouped product), where
+    the layer would run ``padded`` instead: the tests compare grouped's outputs, not its speed."""
+    from fairseq_widearch.modules import moe
+    monkeypatch.setattr(moe, "fast_grouped_mm", lambda tokens: True)
+
+
 @pytest.fixture(scope="session")
 def multi30k_dir():
     if not SHARED_MULTI30K.is_dir():

@@ -149,7 +149,7 @@ def test_the_tiers_short_schedule_trains_in_bf16_with_finite_statistics(multi30k
     arch, updates, interval = "multipath_transformer_tiny", min(TIER_UPDATES.values()) // 2, 10
     log = run([fairseq_cli("train"), multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--arch", arch,
                "--save-dir", tmp_path, "--cpu", "--bf16", *TIER_FLAGS, "--max-update", updates,
-               "--log-interval", interval, *criterion_for(arch)])
+               "--log-interval", interval, *criterion_for(arch), "--max-tokens", "1024"])
     stats = train_inner(log.stdout + log.stderr)
     assert len(stats) == updates // interval
     check_training(stats)

@@ -1,6 +1,6 @@
 """The claims of the claims study (docs/claims.md): each paper's central claim in miniature, its
 design and its own baselines, each the shared Multi30k body (d 128, FFN 512, 4 heads) changed the
-way the paper changes it. :mod:`.study` trains and scores them."""
+way the paper changes it. ``.study`` trains and scores them."""
 from dataclasses import dataclass, field
 from typing import Dict, Tuple
 

@@ -4,6 +4,7 @@ device's matmul peak and the side-by-side timing of several systems: what the st
 study, the benchmarks and the tests count and time with."""
 import re
 import time
+import traceback
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -203,6 +204,21 @@ ATOMIC_ADD_OPERATORS = {"index_add", "index_add_", "scatter_add", "scatter_add_"
                         "_index_put_impl_", "embedding_dense_backward", "scatter_reduce"}
 
 
+def operator_name(func, args, kwargs) -> str:
+    """The name ``OperatorCounter`` counts an ATen call under: ``<name>`` without overload,
+    ``index (boolean mask)`` for a boolean index, ``index_put (no accumulate)`` without accumulate."""
+    name = func.overloadpacket.__name__
+    if name == "index" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None):
+        name = "index (boolean mask)"
+    if name.startswith("index_put") and not (kwargs.get("accumulate") or (len(args) > 3 and args[3])):
+        name += " (no accumulate)"
+    return name
+
+
+def is_host_wait(name: str) -> bool:
+    return name in HOST_WAIT_OPERATORS or "boolean" in name
+
+
 class OperatorCounter(TorchDispatchMode):
     """Counts the ATen operators run inside it (forward and, on the CPU, backward: a stand-in for
     device kernel launches), the host waits among them (``HOST_WAIT_OPERATORS``) and the
@@ -215,11 +231,7 @@ class OperatorCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        if name == "index" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None):
-            name = "index (boolean mask)"
-        if name.startswith("index_put") and not (kwargs.get("accumulate") or (len(args) > 3 and args[3])):
-            name += " (no accumulate)"
+        name = operator_name(func, args, kwargs)
         self.counts[name] = self.counts.get(name, 0) + 1
         return func(*args, **kwargs)
 
@@ -229,8 +241,27 @@ class OperatorCounter(TorchDispatchMode):
 
     @property
     def host_waits(self) -> int:
-        return sum(n for name, n in self.counts.items() if name in HOST_WAIT_OPERATORS or "boolean" in name)
+        return sum(n for name, n in self.counts.items() if is_host_wait(name))
 
     @property
     def atomic_adds(self) -> int:
         return sum(n for name, n in self.counts.items() if name in ATOMIC_ADD_OPERATORS)
+
+
+class HostWaitSites(TorchDispatchMode):
+    """Counts the host waits (``is_host_wait``) run inside it by the Python line that made each, the
+    innermost frame outside torch: ``sites`` maps ``"path:line"`` to its waits, the path from its
+    package down (``fairseq_widearch/modules/moe.py:180``, ``fairseq/modules/...``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if is_host_wait(operator_name(func, args, kwargs)):
+            frame = next(f for f in reversed(traceback.extract_stack()[:-1]) if "/torch/" not in f.filename)
+            path = frame.filename.split("site-packages/")[-1]
+            path = path[path.rfind("fairseq_widearch/"):] if "fairseq_widearch/" in path else path
+            self.sites[f"{path}:{frame.lineno}"] = self.sites.get(f"{path}:{frame.lineno}", 0) + 1
+        return func(*args, **kwargs)

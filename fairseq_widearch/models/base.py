@@ -267,6 +267,11 @@ class LayerLoopDecoder(AlignmentsWhenRead, PerLayerBuild, TransformerDecoderBase
             x = self.layernorm_embedding(x)
         return self.dropout_module(x).transpose(0, 1), prev_output_tokens  # B x T x C -> T x B x C
 
+    def self_attn_padding(self, padding_mask: Tensor) -> Optional[Tensor]:
+        """The self-attention's key padding mask ``(B, tgt_len)``: None where no target token is padding,
+        as fairseq's decoder has it (the check is a host wait)."""
+        return padding_mask if padding_mask.any() else None
+
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                                     incremental_state=None, full_context_alignment: bool = False,
                                     alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
@@ -282,7 +287,7 @@ class LayerLoopDecoder(AlignmentsWhenRead, PerLayerBuild, TransformerDecoderBase
                     if encoder_out and encoder_out["encoder_padding_mask"] else None)
         x, tokens = self.embed(prev_output_tokens, incremental_state)
         padding_mask = tokens.eq(self.padding_idx)
-        self_attn_padding_mask = padding_mask if padding_mask.any() else None
+        self_attn_padding_mask = self.self_attn_padding(padding_mask)
         # as fairseq's decoder: full_context_alignment lets every position attend to the whole target
         self_attn_mask = (self.buffered_future_mask(x) if incremental_state is None and not full_context_alignment
                           else None)

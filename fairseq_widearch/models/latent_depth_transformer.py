@@ -47,7 +47,7 @@ from .base import (
     alignment_weights,
     wrap_layer,
 )
-from .presets import MULTI30K_BODY, register_preset, set_defaults
+from .presets import MULTI30K_BODY, register_preset, set_defaults, set_unset
 from .validation import reject_unapplied, require, validate_transformer_sizes
 
 
@@ -336,13 +336,6 @@ RELEASED_SCHEDULE = (500, 5000)
 MULTI30K_SCHEDULE = (19, 188)
 #: The tests' budget of a few updates: relaxed for 1, the KL ramp over 2, L_K fully on from update 5.
 TINY_SCHEDULE = (1, 2)
-
-
-def set_unset(args, **values):
-    """``args.<name> = value`` where the flag is absent or None (a criterion flag left unset)."""
-    for name, value in values.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
 
 
 def training_schedule(args, soft_updates: int, kl_anneal_updates: int):

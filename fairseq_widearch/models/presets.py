@@ -9,6 +9,13 @@ def set_defaults(args, **values):
         setattr(args, name, getattr(args, name, value))
 
 
+def set_unset(args, **values):
+    """``args.<name> = value`` where the flag is absent or None (a criterion flag left unset)."""
+    for name, value in values.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
 #: The quick-start body every architecture's ``_multi30k`` preset starts from, sized for
 #: Multi30k on 2 CPU cores: d = 128, FFN 512, 4 heads, 3 + 3 layers, shared vocabulary.
 MULTI30K_BODY = dict(encoder_embed_dim=128, encoder_ffn_embed_dim=512, encoder_attention_heads=4, encoder_layers=3,

@@ -35,7 +35,7 @@ from ..modules.moe import (DISPATCH, EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, 
                            MoELayer, Routing, TopKRouter)
 from ..modules.sharing import share_parameters
 from .base import LayerLoopDecoder, LayerLoopEncoder, LayerSlot, WideTransformerModel, added_defaults, alignment_weights
-from .presets import MULTI30K_BODY, register_preset, set_defaults
+from .presets import MULTI30K_BODY, register_preset, set_defaults, set_unset
 from .validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 
 #: Keys of the auxiliary MoE outputs, each a list with one entry per routing call.
@@ -96,8 +96,19 @@ class WideNetConfig(TransformerConfig):
         metadata={"help": "route, dispatch, run the experts and combine in one region compiled by torch.compile "
                           "with dynamic shapes (with --moe-dispatch padded); docs/widenet.md, 'Dispatch'"},
     )
+    moe_activation_fn: Optional[str] = field(
+        default=None,
+        metadata={"help": "the experts' activation (of e_i in Eq. 1); unset: --activation-fn where given, else the "
+                          "form's (released: gelu_accurate, the released code's tanh GELU; ours: gelu)"},
+    )
+    moe_activation_dropout: Optional[float] = field(
+        default=None,
+        metadata={"help": "the experts' dropout after their activation; unset: --activation-dropout where given, "
+                          "else the form's (released: --dropout, the released code's one rate; ours: 0)"},
+    )
     widenet_standard_decoder: bool = field(
-        default=False, metadata={"help": "keep fairseq's pre-norm decoder (WideNet in the encoder only)"}
+        default=False, metadata={"help": "keep fairseq's pre-norm decoder, its FFN as fairseq's transformer builds it "
+                                         "(WideNet in the encoder only)"}
     )
     widenet_shared_layer_norm: bool = field(
         default=False, metadata={"help": "share the LayerNorms across blocks too (Table 3 ablation)"}
@@ -160,11 +171,23 @@ class DenseFFN(nn.Module, ExpertForm):
 
 
 def build_ffn(cfg, embed_dim: int, ffn_dim: int):
-    ffn = (cfg.activation_fn, cfg.activation_dropout or cfg.relu_dropout or 0.0, cfg.widenet_experts)
+    ffn = (expert_activation(cfg), expert_activation_dropout(cfg), cfg.widenet_experts)
     if cfg.widenet_dense_ffn:
         return DenseFFN(embed_dim, ffn_dim, *ffn, dropout=cfg.dropout)
     experts = Experts(cfg.moe_experts, embed_dim, ffn_dim, *ffn, dropout=cfg.dropout)
     return MoELayer(build_router(cfg, embed_dim), experts, cfg.moe_dispatch, cfg.moe_compile)
+
+
+def expert_activation(cfg) -> str:
+    """``--moe-activation-fn``; a config without it (saved before the field) built its experts with
+    the model's ``--activation-fn``."""
+    return getattr(cfg, "moe_activation_fn", None) or cfg.activation_fn
+
+
+def expert_activation_dropout(cfg) -> float:
+    """``--moe-activation-dropout``; without it, the model's activation dropout (``expert_activation``)."""
+    rate = getattr(cfg, "moe_activation_dropout", None)
+    return rate if rate is not None else cfg.activation_dropout or cfg.relu_dropout or 0.0
 
 
 def build_router(cfg, embed_dim: int) -> TopKRouter:
@@ -324,9 +347,7 @@ class RoutingGroups:
         # over the real tokens' assignments: a padded dispatch routes the padding too (slot -1, never kept)
         real = (routing.slot >= 0).float().sum()
         self.aux["moe_dropped"].append((real - kept.sum()) / real.clamp_min(1))
-        # assignments kept per expert, by scatter_add: bincount of the kept ones would wait for the GPU
-        load = kept.new_zeros(routing.num_experts).scatter_add_(0, routing.expert, kept)
-        self.aux["moe_load"].append(load)
+        self.aux["moe_load"].append(routing.kept_load.float())  # assignments kept per expert
 
 
 class WideNetEncoder(LayerLoopEncoder):
@@ -361,6 +382,11 @@ class WideNetDecoder(LayerLoopDecoder):
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return self.build_next_layer(cfg, lambda slot: build_block(WideNetDecoderLayer, cfg, slot, cfg.decoder.layers))
+
+    def self_attn_padding(self, padding_mask: Tensor) -> Tensor:
+        """Always the mask: no host wait for fairseq's "any padding?" check, and one input form for the
+        MoE's padding (a compiled region sees no switch between None and a tensor)."""
+        return padding_mask
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                    self_attn_padding_mask, padding_mask, inner_states, encoder_aux, alignment_layer):
@@ -432,21 +458,24 @@ def widenet(args):
     """Base preset: transformer-base body (d = 512, FFN 2048, 8 heads, 6+6 blocks), pre-norm,
     E = 4 experts, top-2, C = 1.2 (the paper's defaults). The released experts take the released
     code's activation and its one dropout rate: tanh-approximated GELU (fairseq's ``gelu_accurate``)
-    and ``--activation-dropout`` equal to ``--dropout``; ``--widenet-experts ours``: exact GELU,
-    fairseq's activation dropout (0)."""
+    and an activation dropout equal to ``--dropout``; ``--widenet-experts ours``: exact GELU, no
+    activation dropout. Those are the experts' own (``--moe-activation-fn``,
+    ``--moe-activation-dropout``; ``--activation-fn``/``--activation-dropout`` where given), so that
+    ``--widenet-standard-decoder``'s FFN stays fairseq's."""
     set_defaults(args, **_WIDENET_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True)
-    if args.widenet_experts == "released":
-        set_defaults(args, dropout=0.1)  # base_architecture's, needed here for the experts' rate
-        set_defaults(args, activation_fn="gelu_accurate", activation_dropout=args.dropout)
-    else:
-        set_defaults(args, activation_fn="gelu")
+    set_defaults(args, dropout=0.1)  # base_architecture's, needed here for the released experts' rate
+    released = args.widenet_experts == "released"
+    user_rate = next((r for r in (getattr(args, "activation_dropout", None), getattr(args, "relu_dropout", None))
+                      if r is not None), None)
+    set_unset(args, moe_activation_fn=getattr(args, "activation_fn", None) or ("gelu_accurate" if released else "gelu"),
+              moe_activation_dropout=user_rate if user_rate is not None else (args.dropout if released else 0.0))
     base_architecture(args)
 
 
 @register_model_architecture("widenet", "widenet_wmt_en_de")
 def widenet_wmt_en_de(args):
     """NMT base for WMT14 En-De: transformer-base body with shared vocabulary, WideNet in both stacks."""
-    set_defaults(args, share_all_embeddings=True, dropout=0.1, attention_dropout=0.1, activation_dropout=0.1)
+    set_defaults(args, share_all_embeddings=True, dropout=0.1, attention_dropout=0.1, moe_activation_dropout=0.1)
     widenet(args)
 
 

@@ -16,6 +16,7 @@ first choice before any second), ⌈C·K·N/E⌉ slots, m_i the share of the N t
 the released code's), tokens in fairseq's T x B order.
 """
 import math
+import warnings
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Optional
@@ -44,6 +45,7 @@ class Routing:
         capacity: B, buffer size per expert.
         num_experts: E.
         balance_loss: scalar fp32 l = E · Σ_i m_i P_i (Eq. 3).
+        kept_load: ``(E,)`` int64, the kept assignments of each expert (its slots 0 to kept_load - 1).
     """
 
     expert: Tensor
@@ -54,6 +56,7 @@ class Routing:
     capacity: int
     num_experts: int
     balance_loss: Tensor
+    kept_load: Tensor
 
     def kept_gate(self, dtype: torch.dtype) -> Tensor:
         """``(k·N,)`` gate values in ``dtype``, 0 for the dropped assignments."""
@@ -136,12 +139,13 @@ class TopKRouter(nn.Module):
     def released(self) -> bool:
         return self.routing == "released"
 
-    def capacity(self, num_tokens: int, loads: Tensor) -> int:
-        """B for this call; without a limit, the largest load (every assignment fits, and the expert
-        buffers hold no more empty slots than needed: a host wait, read from ``loads``)."""
+    def capacity(self, num_tokens: int) -> int:
+        """B for this call, from the shapes alone (no host wait); without a limit, ``num_tokens``: no
+        expert gets more than one assignment per token, so every assignment fits (the expert buffers
+        of the capacity dispatches then hold E·N slots, E/k times the assignments)."""
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         if factor <= 0:
-            return max(int(loads.max()) if loads.numel() else 0, 1)
+            return max(num_tokens, 1)
         slots = factor * self.top_k * num_tokens / self.num_experts
         return max(math.floor(slots) - 1 if self.released else math.ceil(slots), 1)
 
@@ -178,19 +182,20 @@ class TopKRouter(nn.Module):
         # got (not differentiable), P_i = mean router probability of expert i over the same tokens.
         share = k if self.released else 1
         if real is None:
-            capacity = self.capacity(N, loads)
-            kept = slot < capacity
+            capacity = self.capacity(N)
+            kept, kept_load = slot < capacity, loads.clamp_max(capacity)
             m = loads.float() / max(N * share, 1)
             balance_loss = E * (m * probs.mean(dim=0)).sum() if N > 0 else probs.sum() * 0
         else:
             num_real = real.sum()
             limit = self.device_capacity(num_real)
-            capacity = self.capacity(N, loads)  # B for all N rows: an upper bound read from the shapes
+            capacity = self.capacity(N)  # B for all N rows: an upper bound
             kept = (slot >= 0) & (slot < (limit if limit is not None else capacity))
+            kept_load = loads.clamp_max(capacity) if limit is None else torch.minimum(loads, limit.long())
             count = num_real.clamp_min(1).float()
             m = loads.float() / (count * share)
             balance_loss = E * (m * (probs * real[:, None]).sum(dim=0) / count).sum()
-        return Routing(expert, token, gate, slot, kept, capacity, E, balance_loss)
+        return Routing(expert, token, gate, slot, kept, capacity, E, balance_loss, kept_load)
 
     def fill(self, expert: Tensor, real: Optional[Tensor]) -> tuple:
         """Each assignment's position in its expert's buffer, choice-major ``(k·N,)``, -1 for padding,
@@ -275,10 +280,10 @@ class ExpertForm:
 
 
 def activation(name: str):
-    """fairseq's activation ``name``, with ``gelu_accurate`` (the tanh approximation
-    0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the released code's ``gelu``) as torch's one fused
-    kernel instead of fairseq's seven elementwise operators (the same formula, equal within fp32
-    rounding)."""
+    """fairseq's activation ``name``, but ``gelu_accurate`` (the tanh approximation
+    0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the released code's ``gelu``) as torch's own kernel,
+    the same formula: fairseq's sets an attribute on itself at its first call, which breaks
+    ``torch.compile``'s graph (``--moe-compile``) there, and runs seven elementwise operators."""
     if name == "gelu_accurate":
         return partial(F.gelu, approximate="tanh")
     return utils.get_activation_fn(name)
@@ -332,24 +337,24 @@ class GatherRows(torch.autograd.Function):
     ``fold`` consecutive blocks, instead of index_select's scatter-add: no atomic adds, and no row
     written twice in either pass (the row past the end of x is the zero row, read as often as needed).
 
-    ``GatherRows.apply(x, index, inverse, fold)`` -> ``(m, d)``, with x ``(n, d)``; index ``(m,)``
-    rows of x, n meaning a zero row; inverse ``(fold·n,)``, for each row of x (``fold`` copies of
-    it, block-major) the output row it went to, m meaning none, every output row appearing at most
-    once; fold the copies of each row of x in the output (k for the MoE dispatch, 1 for a
-    permutation).
+    ``GatherRows.apply(x, index, inverse, fold, zero_row=True)`` -> ``(m, d)``, with x ``(n, d)``;
+    index ``(m,)`` rows of x, n meaning a zero row; inverse ``(fold·n,)``, for each row of x (``fold``
+    copies of it, block-major) the output row it went to, m meaning none, every output row appearing
+    at most once; fold the copies of each row of x in the output (k for the MoE dispatch, 1 for a
+    permutation). ``zero_row=False`` where index never reaches n: ``x[index]``, x not copied first.
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor, fold: int) -> Tensor:
+    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor, fold: int, zero_row: bool = True) -> Tensor:
         ctx.save_for_backward(inverse)
         ctx.fold = fold
-        return torch.cat([x, x.new_zeros(1, x.shape[1])]).index_select(0, index)
+        return (torch.cat([x, x.new_zeros(1, x.shape[1])]) if zero_row else x).index_select(0, index)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (inverse,) = ctx.saved_tensors
         rows = torch.cat([grad, grad.new_zeros(1, grad.shape[1])]).index_select(0, inverse)
-        return rows.view(ctx.fold, -1, grad.shape[1]).sum(dim=0), None, None, None
+        return rows.view(ctx.fold, -1, grad.shape[1]).sum(dim=0), None, None, None, None
 
 
 #: How ``MoELayer`` moves tokens into the expert buffers and back (docs/widenet.md, "Dispatch").
@@ -392,6 +397,7 @@ class MoELayer(nn.Module):
     Raises:
         ValueError: if the router and the experts disagree on E, ``dispatch`` is unknown, or
             ``compiled`` goes with another dispatch than ``padded``.
+        RuntimeError: for ``grouped`` under a torch without ``F.grouped_mm``, naming the release.
 
     Shapes:
         ``forward(x, padding_mask=None, routing=None)``: x ``(T, B, d)``, padding_mask ``(B, T)``
@@ -407,6 +413,9 @@ class MoELayer(nn.Module):
             raise ValueError(f"--moe-dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
         if compiled and dispatch != "padded":
             raise ValueError(f"--moe-compile needs --moe-dispatch padded, got {dispatch}")
+        if dispatch == "grouped" and not hasattr(F, "grouped_mm"):
+            raise RuntimeError(f"--moe-dispatch grouped needs torch.nn.functional.grouped_mm, which torch "
+                               f"{torch.__version__} lacks (torch 2.11 and later have it)")
         self.router, self.experts, self.dispatch, self.compiled = router, experts, dispatch, compiled
 
     @property
@@ -434,8 +443,12 @@ class MoELayer(nn.Module):
         return (y.view(B, T, d).transpose(0, 1) if batch_major else y.view(T, B, d)), routing
 
     def move(self, tokens: Tensor, routing: Routing) -> Tensor:
-        """Dispatch, experts and combine of the no-wait dispatches: ``(N, d)`` -> ``(N, d)``."""
-        return {"permute": self.permuted, "grouped": self.grouped}.get(self.dispatch, self.copied)(tokens, routing)
+        """Dispatch, experts and combine of the no-wait dispatches: ``(N, d)`` -> ``(N, d)``;
+        ``grouped`` where torch's grouped product is fast (``fast_grouped_mm``), else ``padded``."""
+        dispatch = self.dispatch
+        if dispatch == "grouped" and not fast_grouped_mm(tokens):
+            dispatch = "padded"
+        return {"permute": self.permuted, "grouped": self.grouped}.get(dispatch, self.copied)(tokens, routing)
 
     def index_dispatch(self, flat: Tensor, pad: Optional[Tensor], routing: Optional[Routing]):
         # flattened batch -> rows of the non-padding tokens (``pad``: (N,) True at padding)
@@ -482,21 +495,60 @@ class MoELayer(nn.Module):
         return (per_assignment * routing.kept_gate(out.dtype)[:, None]).view(k, N, d).sum(dim=0)
 
     def grouped(self, tokens: Tensor, routing: Routing) -> Tensor:
-        """Assignments sorted by expert through the experts' grouped products: ``(N, d)`` -> ``(N, d)``."""
-        E, d = routing.num_experts, tokens.shape[1]
-        # kept assignments by expert (stable: in slot order), the dropped ones (key E) after them
-        key, order = torch.sort(routing.expert.masked_fill(~routing.kept, E), stable=True)
-        token = routing.token.index_select(0, order)
-        kept = (key < E)[:, None]
-        # one spare row, so that the last group ends before the rows do (F.grouped_mm's condition);
-        # the rows past it are undefined in both passes, so the dropped rows are selected away, not
-        # multiplied by 0 (0 times an undefined value can be NaN)
-        rows = torch.where(kept, tokens.index_select(0, token), 0.0)
-        rows = torch.cat([rows, rows.new_zeros(1, d)])
-        ends = runs(key, E)[1:].to(torch.int32)  # expert i's rows end where expert i + 1's begin
-        out = self.experts.grouped(rows, ends, torch.cat([key, key.new_full((1,), E)]))
-        weighted = torch.where(kept, out[:-1], 0.0) * routing.gate.index_select(0, order).to(out.dtype)[:, None]
-        return weighted.new_zeros(tokens.shape).index_add(0, token, weighted)
+        """Assignments sorted by expert through the experts' grouped products: ``(N, d)`` -> ``(N, d)``.
+
+        Each kept assignment's row in expert order is its expert's start plus its slot (no sort);
+        the dropped ones follow the last group in their order, with one spare row, so that the last
+        group ends before the rows do (F.grouped_mm's condition). Rows past the last group are
+        undefined in both passes of the product, so they are never read: tokens move by gathers
+        both ways (``GatherRows``), a dropped assignment's row (its own token, copied once) gets no
+        gradient, and its output is the zero row."""
+        E, (N, d), k = routing.num_experts, tokens.shape, self.router.top_k
+        A, kept = routing.expert.numel(), routing.kept
+        if A == 0:  # no token: no group to multiply (a shape, not a host read)
+            return tokens.new_zeros(tokens.shape)
+        ends = routing.kept_load.cumsum(0)
+        dropped_rank = (~kept).cumsum(0) - 1
+        row = torch.where(kept, ends.index_select(0, routing.expert) - routing.kept_load.index_select(0, routing.expert)
+                          + routing.slot, ends[-1] + dropped_rank)  # (A,), a permutation of 0..A-1
+        assignment = torch.empty_like(row).scatter_(0, row, torch.arange(A, device=row.device))
+        source = torch.cat([routing.token.index_select(0, assignment), routing.token[:1]])  # the spare: any token
+        inverse = torch.where(kept, row, A + 1)  # dropped rows' gradients are not read back
+        rows = GatherRows.apply(tokens, source, inverse, k, False)
+        group = torch.cat([torch.where(kept, routing.expert, E).index_select(0, assignment), row.new_full((1,), E)])
+        out = self.experts.grouped(rows, ends.to(torch.int32), group)  # (A + 1, d)
+        taken = torch.full((A + 1,), A, dtype=row.dtype, device=row.device).scatter_(
+            0, row, torch.where(kept, torch.arange(A, device=row.device), A))  # each row's kept assignment, A: none
+        per_assignment = GatherRows.apply(out, torch.where(kept, row, A + 1), taken, 1)  # (A, d), 0 where dropped
+        return (per_assignment * routing.kept_gate(out.dtype)[:, None]).view(k, N, d).sum(dim=0)
+
+
+#: The GPU architectures (compute capability major) on which torch's grouped product has its own
+#: bf16 kernel; elsewhere, and in every other dtype, torch falls back to a loop over the groups
+#: that copies the group ends to the host (about 2 waits per MoE call forward, 4 backward).
+FAST_GROUPED_MM_SM = (9, 10)
+_warned_grouped_fallback = False
+
+
+def fast_grouped_mm(tokens: Tensor) -> bool:
+    """Whether ``--moe-dispatch grouped`` runs torch's fast grouped product on ``tokens``: CUDA, a
+    device of ``FAST_GROUPED_MM_SM``, bf16 (the tokens' dtype, or autocast's where it is on). If
+    not, warns once per process that ``padded`` (the same outputs) runs instead, naming what grouped
+    needs: whether it can run is known only at the first call (fairseq builds the model on the CPU,
+    and --fp16, --bf16 and --amp are the trainer's)."""
+    global _warned_grouped_fallback
+    device = tokens.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tokens.dtype
+    fast = (device == "cuda" and dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(tokens.device)[0] in FAST_GROUPED_MM_SM)
+    if not fast and not _warned_grouped_fallback:
+        _warned_grouped_fallback = True
+        where = torch.cuda.get_device_name(tokens.device) if device == "cuda" else device
+        warnings.warn(f"--moe-dispatch grouped needs bf16 (--bf16, or --amp with bf16) on a CUDA GPU of compute "
+                      f"capability {' or '.join(f'{m}.x' for m in FAST_GROUPED_MM_SM)} for torch's grouped product; "
+                      f"here ({where}, {dtype}) torch would loop over the experts with host waits, so the padded "
+                      f"dispatch runs instead (the same outputs and gradients)")
+    return fast
 
 
 def route_and_move(moe: MoELayer, flat: Tensor, pad: Optional[Tensor]) -> tuple:

@@ -17,6 +17,8 @@ from fairseq_widearch.models.widenet import DenseFFN
 from fairseq_widearch.modules.moe import Routing
 from conftest import REPO, run, train
 
+pytestmark = pytest.mark.usefixtures("grouped_runs_here")  # conftest.py
+
 VOCAB = 40
 
 
@@ -296,6 +298,31 @@ def test_the_presets_activation_and_dropouts_follow_the_experts_form(form, gelu_
 
 
 @pytest.mark.parametrize("form", ["released", "ours"])
+def test_the_standard_decoder_keeps_fairseqs_ffn(form):
+    """--widenet-standard-decoder: the decoder's FFN as fairseq's transformer builds it from the same
+    flags (its activation and activation dropout), whatever the experts' form sets for the experts;
+    --activation-fn and --activation-dropout given reach both; --moe-activation-* the experts alone."""
+    from fairseq import utils
+
+    def ffn_of(layer):
+        return layer.activation_fn, layer.activation_dropout_module.p
+
+    for flags, experts_ffn in (((), None), (("--activation-fn", "relu", "--activation-dropout", "0.2"), ("relu", 0.2)),
+                               (("--moe-activation-fn", "tanh", "--moe-activation-dropout", "0.3"), ("tanh", 0.3))):
+        model = make_model("--widenet-standard-decoder", "--widenet-experts", form, "--dropout", "0.3", *flags)
+        fairseq_flags = [] if "--moe-activation-fn" in flags else list(flags)
+        stock = build_model("transformer", ["--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+                                            "--dropout", "0.3", *fairseq_flags], vocab_size=VOCAB)
+        for ours, theirs in zip(model.decoder.layers, stock.decoder.layers):
+            assert ffn_of(ours) == ffn_of(theirs)
+        experts = model.encoder.layers[0].moe.experts
+        expected = experts_ffn or (("gelu_accurate", 0.3) if form == "released" else ("gelu", 0.0))
+        x = torch.linspace(-3, 3, 13)
+        torch.testing.assert_close(experts.activation_fn(x), utils.get_activation_fn(expected[0])(x))
+        assert experts.activation_dropout_module.p == expected[1]
+
+
+@pytest.mark.parametrize("form", ["released", "ours"])
 def test_dropout_positions_in_the_moe_sublayer(form):
     """Training mode, seeded masks: the released experts drop after each activation inside the
     expert buffers (--activation-dropout, then --dropout on every expert's output before the gated
@@ -386,12 +413,36 @@ def test_a_checkpoint_saved_before_the_released_defaults_loads_as_it_was_trained
 
 
 @pytest.mark.slow
-def test_moe_compile_keeps_one_graph_per_moe_layer_over_an_epochs_batches(multi30k_bin):
-    """``--moe-compile`` over the real training batches of an epoch, of varying shapes
-    (benchmarks/moe_recompiles.py, graph capture by ``aot_eager``): at most one graph for each
-    stack's shared MoE layer and at least one (the flag compiles), no recompilation, no graph break."""
+def test_moe_compile_keeps_its_graphs_over_real_batches_in_training_validation_and_decoding(multi30k_bin):
+    """``--moe-compile`` over real batches of varying shapes (benchmarks/moe_recompiles.py, graph
+    capture by ``aot_eager``): training compiles (at least one graph, at most one per stack's shared
+    MoE layer), and neither training nor a validation pass, batches without padding or incremental
+    decoding with 5 hypotheses per sentence recompile after their first batch or break a graph."""
     out = run([sys.executable, REPO / "benchmarks" / "moe_recompiles.py", "--data", multi30k_bin,
-               "--arch", "widenet_tiny", "--batches", "20"]).stdout
+               "--arch", "widenet_tiny", "--batches", "6"]).stdout
     measured = json.loads(out.strip().splitlines()[-1])
-    assert measured["batch_shapes"] >= 5, measured
-    assert 1 <= measured["unique_graphs"] <= 2 and (measured["recompilations"], measured["graph_breaks"]) == (0, 0), measured
+    phases = measured["phases"]
+    assert measured["batch_shapes"] >= 5 and 1 <= phases["training"]["unique_graphs"] <= 2, measured
+    assert list(phases) == ["training", "validation", "unpadded", "incremental decoding"]
+    for name, counts in phases.items():
+        assert (counts["recompilations_after_warmup"], counts["graph_breaks"]) == (0, 0), (name, counts)
+
+
+@pytest.mark.parametrize("dispatch", ["padded", "permute", "grouped"])
+def test_inference_makes_no_host_wait_of_the_plugin(dispatch):
+    """At inference (no capacity limit) the no-wait dispatches read no count on the host, and the
+    decoder does not ask whether a target is padded: every host wait of a forward pass, of targets
+    with and without padding, and of incremental decoding, is fairseq's own (its positional
+    embeddings), none is made by the plugin's code."""
+    from fairseq_widearch.experiments.counting import HostWaitSites
+    model = make_model("--moe-dispatch", dispatch).eval()
+    src, lengths, prev = batch()
+    padded = prev.clone()
+    padded[1, -2:] = 1
+    with torch.no_grad(), HostWaitSites() as waits:
+        for target in (prev, padded):
+            model(src, lengths, target)
+        encoder_out, state = model.encoder(src, lengths), {}
+        for t in range(1, prev.shape[1] + 1):
+            model.decoder(prev[:, :t], encoder_out=encoder_out, incremental_state=state)
+    assert waits.sites and not [site for site in waits.sites if site.startswith("fairseq_widearch/")], waits.sites

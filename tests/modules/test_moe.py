@@ -8,6 +8,9 @@ import torch.nn.functional as F
 from fairseq_widearch.experiments.counting import OperatorCounter
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 from fairseq_widearch.modules.moe import ROUTINGS
+from fairseq_widearch.modules.moe import fast_grouped_mm as real_fast_grouped_mm
+
+pytestmark = pytest.mark.usefixtures("grouped_runs_here")  # conftest.py
 
 D, FFN = 8, 16
 
@@ -92,7 +95,7 @@ def test_capacity_at_a_few_sizes(tokens, factor, k, experts, released, ours):
     usable slots; ours: ceil(C·K·N/E). The same B on the host and on the device."""
     for routing, expected in (("released", released), ("ours", ours)):
         router = TopKRouter(D, experts, k, factor, routing=routing).train()
-        assert router.capacity(tokens, torch.zeros(experts)) == expected, routing
+        assert router.capacity(tokens) == expected, routing
         assert router.device_capacity(torch.tensor(tokens)).item() == expected, routing
 
 
@@ -325,15 +328,20 @@ def test_every_dispatch_gives_the_index_dispatch_outputs_and_gradients(dispatch,
 
 
 @pytest.mark.parametrize("dispatch,waits,atomic_adds", [("index", 1, 4), ("padded", 0, 3), ("permute", 0, 0),
-                                                       ("grouped", 0, 5)])
-def test_host_waits_and_atomic_adds_of_each_dispatch(dispatch, waits, atomic_adds):
-    """Counted operators of a training forward + backward over a padded batch (the host waits a GPU
-    would make: the ``nonzero`` of the real tokens' rows; the scatter-adds: index_add and
-    index_select's backward)."""
+                                                       ("grouped", 0, 2)])
+@pytest.mark.parametrize("train", [True, False], ids=["training", "inference"])
+def test_host_waits_and_atomic_adds_of_each_dispatch(dispatch, waits, atomic_adds, train):
+    """Counted operators of a forward + backward over a padded batch (the host waits a GPU would
+    make: the ``nonzero`` of the real tokens' rows; the scatter-adds: index_add and index_select's
+    backward), in training (C = 0.5) and at inference (no capacity limit: B from the shapes, not
+    from the largest load); without padding, no dispatch waits."""
     x, pad = padded_input()
     with OperatorCounter() as counter:
-        dispatched(dispatch, x, pad, 3)
+        dispatched(dispatch, x, pad, 3, train)
     assert (counter.host_waits, counter.atomic_adds) == (waits, atomic_adds), counter.counts
+    with OperatorCounter() as counter:
+        dispatched(dispatch, x, None, 3, train)
+    assert counter.host_waits == 0, counter.counts
 
 
 @pytest.mark.parametrize("dispatch", ["index", "padded", "permute", "grouped"])
@@ -396,3 +404,30 @@ def test_the_compiled_region_equals_the_eager_layer_and_reuses_its_graph(monkeyp
         for got, expected in zip(*results):
             assert torch.equal(got, expected)
     assert dynamo_utils.counters["stats"]["unique_graphs"] == 1 and not dynamo_utils.counters["recompiles"]
+
+
+def test_grouped_runs_padded_where_torchs_grouped_product_is_slow(monkeypatch):
+    """Off CUDA bf16 on a Hopper-class GPU (here: the CPU, fp32 and bf16 autocast) ``grouped`` runs
+    ``padded``, bit for bit its outputs and gradients, and warns once, naming what it needs."""
+    from fairseq_widearch.modules import moe
+    monkeypatch.setattr(moe, "fast_grouped_mm", real_fast_grouped_mm)
+    monkeypatch.setattr(moe, "_warned_grouped_fallback", False)
+    x, pad = padded_input()
+    with pytest.warns(UserWarning, match="needs bf16 .* on a CUDA GPU of compute capability 9.x or 10.x") as caught:
+        for _ in range(2):
+            got = dispatched("grouped", x, pad, 3)
+    assert len([w for w in caught if "grouped" in str(w.message)]) == 1
+    expected = dispatched("padded", x, pad, 3)
+    for a, b in zip(got[:3], expected[:3]):
+        assert torch.equal(a, b)
+    assert got[3].keys() == expected[3].keys() and all(torch.equal(got[3][k], expected[3][k]) for k in got[3])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not real_fast_grouped_mm(x)
+
+
+def test_grouped_under_a_torch_without_the_grouped_product_fails_at_build_naming_the_release(monkeypatch):
+    monkeypatch.delattr(F, "grouped_mm")
+    with pytest.raises(RuntimeError, match=r"grouped needs torch.nn.functional.grouped_mm, which torch .* lacks "
+                                           r"\(torch 2.11 and later"):
+        MoELayer(TopKRouter(D, 4, 2), Experts(4, D, FFN), "grouped")
+    MoELayer(TopKRouter(D, 4, 2), Experts(4, D, FFN), "padded")  # the other dispatches need no such product
