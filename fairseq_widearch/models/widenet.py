@@ -465,8 +465,10 @@ def widenet(args):
     set_defaults(args, **_WIDENET_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True)
     set_defaults(args, dropout=0.1)  # base_architecture's, needed here for the released experts' rate
     released = args.widenet_experts == "released"
-    user_rate = next((r for r in (getattr(args, "activation_dropout", None), getattr(args, "relu_dropout", None))
-                      if r is not None), None)
+    # fairseq's reading of the two flags: --relu-dropout where --activation-dropout is 0 or absent
+    user_rate = getattr(args, "activation_dropout", None)
+    if not user_rate and getattr(args, "relu_dropout", None) is not None:
+        user_rate = args.relu_dropout
     set_unset(args, moe_activation_fn=getattr(args, "activation_fn", None) or ("gelu_accurate" if released else "gelu"),
               moe_activation_dropout=user_rate if user_rate is not None else (args.dropout if released else 0.0))
     base_architecture(args)
@@ -475,7 +477,9 @@ def widenet(args):
 @register_model_architecture("widenet", "widenet_wmt_en_de")
 def widenet_wmt_en_de(args):
     """NMT base for WMT14 En-De: transformer-base body with shared vocabulary, WideNet in both stacks."""
-    set_defaults(args, share_all_embeddings=True, dropout=0.1, attention_dropout=0.1, moe_activation_dropout=0.1)
+    set_defaults(args, share_all_embeddings=True, dropout=0.1, attention_dropout=0.1)
+    if getattr(args, "activation_dropout", None) is None:  # the experts' 0.1 unless the user gave a rate
+        set_defaults(args, moe_activation_dropout=0.1)
     widenet(args)
 
 

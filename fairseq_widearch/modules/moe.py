@@ -523,29 +523,31 @@ class MoELayer(nn.Module):
         return (per_assignment * routing.kept_gate(out.dtype)[:, None]).view(k, N, d).sum(dim=0)
 
 
-#: The GPU architectures (compute capability major) on which torch's grouped product has its own
-#: bf16 kernel; elsewhere, and in every other dtype, torch falls back to a loop over the groups
-#: that copies the group ends to the host (about 2 waits per MoE call forward, 4 backward).
-FAST_GROUPED_MM_SM = (9, 10)
+#: The GPU architectures (compute capability major) on which ``grouped`` runs torch's own bf16
+#: grouped-product kernel: Hopper. Elsewhere, and in every other dtype, torch falls back to a loop
+#: over the groups that copies the group ends to the host (about 2 waits per MoE call forward, 4
+#: backward); on SM 10.x the kernel is reported to give non-zero weight gradients to empty groups
+#: (upstream issue #172439), and an expert without a kept token is common, so 10.x is left out.
+FAST_GROUPED_MM_SM = (9,)
 _warned_grouped_fallback = False
 
 
 def fast_grouped_mm(tokens: Tensor) -> bool:
-    """Whether ``--moe-dispatch grouped`` runs torch's fast grouped product on ``tokens``: CUDA, a
-    device of ``FAST_GROUPED_MM_SM``, bf16 (the tokens' dtype, or autocast's where it is on). If
+    """Whether ``--moe-dispatch grouped`` runs torch's fast grouped product on ``tokens``: CUDA (not
+    ROCm), a device of ``FAST_GROUPED_MM_SM``, bf16 (the tokens' dtype, or autocast's where it is on). If
     not, warns once per process that ``padded`` (the same outputs) runs instead, naming what grouped
     needs: whether it can run is known only at the first call (fairseq builds the model on the CPU,
     and --fp16, --bf16 and --amp are the trainer's)."""
     global _warned_grouped_fallback
     device = tokens.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tokens.dtype
-    fast = (device == "cuda" and dtype == torch.bfloat16
+    fast = (device == "cuda" and torch.version.hip is None and dtype == torch.bfloat16
             and torch.cuda.get_device_capability(tokens.device)[0] in FAST_GROUPED_MM_SM)
     if not fast and not _warned_grouped_fallback:
         _warned_grouped_fallback = True
         where = torch.cuda.get_device_name(tokens.device) if device == "cuda" else device
         warnings.warn(f"--moe-dispatch grouped needs bf16 (--bf16, or --amp with bf16) on a CUDA GPU of compute "
-                      f"capability {' or '.join(f'{m}.x' for m in FAST_GROUPED_MM_SM)} for torch's grouped product; "
+                      f"capability {' or '.join(f'{m}.x' for m in FAST_GROUPED_MM_SM)} (Hopper) for torch's grouped product; "
                       f"here ({where}, {dtype}) torch would loop over the experts with host waits, so the padded "
                       f"dispatch runs instead (the same outputs and gradients)")
     return fast
