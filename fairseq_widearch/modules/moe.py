@@ -527,7 +527,7 @@ class MoELayer(nn.Module):
 #: grouped-product kernel: Hopper. Elsewhere, and in every other dtype, torch falls back to a loop
 #: over the groups that copies the group ends to the host (about 2 waits per MoE call forward, 4
 #: backward); on SM 10.x the kernel is reported to give non-zero weight gradients to empty groups
-#: (upstream issue #172439), and an expert without a kept token is common, so 10.x is left out.
+#: (pytorch/pytorch#172439), and an expert without a kept token is common, so 10.x is left out.
 FAST_GROUPED_MM_SM = (9,)
 _warned_grouped_fallback = False
 
