@@ -262,6 +262,6 @@ class HostWaitSites(TorchDispatchMode):
         if is_host_wait(operator_name(func, args, kwargs)):
             frame = next(f for f in reversed(traceback.extract_stack()[:-1]) if "/torch/" not in f.filename)
             path = frame.filename.split("site-packages/")[-1]
-            path = path[path.rfind("fairseq_widearch/"):] if "fairseq_widearch/" in path else path
-            self.sites[f"{path}:{frame.lineno}"] = self.sites.get(f"{path}:{frame.lineno}", 0) + 1
+            site = f"{path[path.rfind('fairseq_widearch/'):] if 'fairseq_widearch/' in path else path}:{frame.lineno}"
+            self.sites[site] = self.sites.get(site, 0) + 1
         return func(*args, **kwargs)

@@ -187,7 +187,14 @@ def expert_activation(cfg) -> str:
 def expert_activation_dropout(cfg) -> float:
     """``--moe-activation-dropout``; without it, the model's activation dropout (``expert_activation``)."""
     rate = getattr(cfg, "moe_activation_dropout", None)
-    return rate if rate is not None else cfg.activation_dropout or cfg.relu_dropout or 0.0
+    return rate if rate is not None else given_activation_dropout(cfg) or 0.0
+
+
+def given_activation_dropout(args) -> Optional[float]:
+    """The activation dropout as fairseq reads its two flags: ``--relu-dropout`` where
+    ``--activation-dropout`` is 0 or absent; None where neither is given."""
+    rate, relu = getattr(args, "activation_dropout", None), getattr(args, "relu_dropout", None)
+    return relu if not rate and relu is not None else rate
 
 
 def build_router(cfg, embed_dim: int) -> TopKRouter:
@@ -465,10 +472,7 @@ def widenet(args):
     set_defaults(args, **_WIDENET_DEFAULTS, encoder_normalize_before=True, decoder_normalize_before=True)
     set_defaults(args, dropout=0.1)  # base_architecture's, needed here for the released experts' rate
     released = args.widenet_experts == "released"
-    # fairseq's reading of the two flags: --relu-dropout where --activation-dropout is 0 or absent
-    user_rate = getattr(args, "activation_dropout", None)
-    if not user_rate and getattr(args, "relu_dropout", None) is not None:
-        user_rate = args.relu_dropout
+    user_rate = given_activation_dropout(args)
     set_unset(args, moe_activation_fn=getattr(args, "activation_fn", None) or ("gelu_accurate" if released else "gelu"),
               moe_activation_dropout=user_rate if user_rate is not None else (args.dropout if released else 0.0))
     base_architecture(args)

@@ -508,17 +508,17 @@ class MoELayer(nn.Module):
         if A == 0:  # no token: no group to multiply (a shape, not a host read)
             return tokens.new_zeros(tokens.shape)
         ends = routing.kept_load.cumsum(0)
-        dropped_rank = (~kept).cumsum(0) - 1
-        row = torch.where(kept, ends.index_select(0, routing.expert) - routing.kept_load.index_select(0, routing.expert)
-                          + routing.slot, ends[-1] + dropped_rank)  # (A,), a permutation of 0..A-1
-        assignment = torch.empty_like(row).scatter_(0, row, torch.arange(A, device=row.device))
+        starts, arange = ends - routing.kept_load, torch.arange(A, device=kept.device)
+        row = torch.where(kept, starts.index_select(0, routing.expert) + routing.slot,
+                          ends[-1] + (~kept).cumsum(0) - 1)  # (A,), a permutation of 0..A-1
+        assignment = torch.empty_like(row).scatter_(0, row, arange)
         source = torch.cat([routing.token.index_select(0, assignment), routing.token[:1]])  # the spare: any token
         inverse = torch.where(kept, row, A + 1)  # dropped rows' gradients are not read back
         rows = GatherRows.apply(tokens, source, inverse, k, False)
         group = torch.cat([torch.where(kept, routing.expert, E).index_select(0, assignment), row.new_full((1,), E)])
         out = self.experts.grouped(rows, ends.to(torch.int32), group)  # (A + 1, d)
         taken = torch.full((A + 1,), A, dtype=row.dtype, device=row.device).scatter_(
-            0, row, torch.where(kept, torch.arange(A, device=row.device), A))  # each row's kept assignment, A: none
+            0, row, torch.where(kept, arange, A))  # each row's kept assignment, A: none
         per_assignment = GatherRows.apply(out, torch.where(kept, row, A + 1), taken, 1)  # (A, d), 0 where dropped
         return (per_assignment * routing.kept_gate(out.dtype)[:, None]).view(k, N, d).sum(dim=0)
 
