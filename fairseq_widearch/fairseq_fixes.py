@@ -28,15 +28,22 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
   progress, but its SIGINT cannot end one that waits in a collective for a hung peer.
 * ``checkpoint_copies_are_atomic``: a kill while fairseq copies a saved checkpoint to
   ``checkpoint_last.pt`` leaves that file cut short.
+* ``prefetching_stops_at_exit``: ``fairseq-train`` stopped mid-epoch (``--max-update``,
+  ``--max-valid-steps``) can abort at exit ("terminate called without an active exception",
+  exit status 134 or -6) after it has finished and saved.
 """
+import atexit
 import functools
 import importlib.util
 import logging
 import math
 import os
+import queue
 import shutil
 import signal as signal_module
 import sys
+import time
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -368,3 +375,50 @@ def checkpoint_copies_are_atomic():
 
     copy.atomic = True
     PathManager.copy = staticmethod(copy)
+
+
+#: The prefetching threads that ``prefetching_stops_at_exit`` stops (held by the thread, not by
+#: its iterator, which a validation pass drops while its thread runs on); the longest it waits for
+#: them, in seconds (a thread ends after the batch it is collating).
+_PREFETCHING = weakref.WeakSet()
+PREFETCH_STOP_SECONDS = 10.0
+
+
+def _stop_prefetching():
+    deadline = time.monotonic() + PREFETCH_STOP_SECONDS
+    for consumer in list(_PREFETCHING):
+        consumer._max_len = 0  # BackgroundConsumer stops after its next put
+        while consumer.is_alive() and time.monotonic() < deadline:
+            try:  # room in the queue for that put and the sentinel after it
+                consumer._queue.get_nowait()
+            except queue.Empty:
+                consumer.join(0.01)
+
+
+def prefetching_stops_at_exit():
+    """Stop the threads of fairseq's ``BufferedIterator`` (``--data-buffer-size``) before Python
+    finalises, in an ``atexit`` handler.
+
+    Each iterator prefetches batches in a daemon thread that collates them with torch operators. A
+    run that ends before its iterator is exhausted (``--max-update`` mid-epoch, ``--max-valid-steps``)
+    leaves that thread running; where it is inside a torch operator when the interpreter finalises
+    (CPython < 3.14 ends daemon threads with ``pthread_exit``, which unwinds through torch's C++
+    frames), the process aborts with "terminate called without an active exception" after training
+    has finished and saved its checkpoints, and scripts that check the exit status fail. The handler
+    lets each live thread finish the batch it is on and return, for at most
+    :data:`PREFETCH_STOP_SECONDS` in all. Idempotent.
+    """
+    from fairseq.data.iterators import BufferedIterator
+
+    original = BufferedIterator._create_consumer
+    if getattr(original, "stops_at_exit", False):
+        return
+
+    @functools.wraps(original)
+    def _create_consumer(self):
+        original(self)
+        _PREFETCHING.add(self._consumer)
+
+    _create_consumer.stops_at_exit = True
+    BufferedIterator._create_consumer = _create_consumer
+    atexit.register(_stop_prefetching)

@@ -2,6 +2,8 @@
 batched (training, validation, decoding, stock architectures too), and no criterion silently drops
 a model's auxiliary losses."""
 import re
+import subprocess
+import sys
 from argparse import Namespace
 
 import numpy as np
@@ -142,3 +144,28 @@ def test_amp_loss_scaler_obeys_the_amp_flags(amp_init_scale, window, expected, m
                        min_loss_scale=1e-4)
     optimizer = AMPOptimizer(Namespace(optimizer=Namespace(), common=common), [], None)
     assert optimizer._grad_scaler.kwargs == expected
+
+
+#: A process that takes one batch of a BufferedIterator whose source is still collating (torch
+#: operators) when the process ends, as fairseq-train's is when --max-update stops it mid-epoch.
+STOPPED_MID_EPOCH = """
+import sys, torch
+import fairseq_widearch
+from fairseq.data.iterators import BufferedIterator
+
+class Collating:
+    def __len__(self):
+        return 10_000
+
+    def __iter__(self):
+        x = torch.randn(400, 400)
+        while True:
+            yield (x @ x).sum()
+
+next(BufferedIterator(2, Collating()))
+"""
+
+
+def test_a_run_stopped_mid_epoch_exits_cleanly_while_its_prefetching_thread_collates():
+    proc = subprocess.run([sys.executable, "-c", STOPPED_MID_EPOCH], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
