@@ -12,6 +12,11 @@ import torch
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq_widearch.experiments.settings import criterion, tiny_cases
+import warm_python
+
+#: The Python programs the tests start (fairseq-train and the rest) fork from an interpreter that
+#: has imported torch and fairseq once (tests/warm_python.py).
+warm_python.install()
 
 REPO = Path(__file__).resolve().parents[1]
 #: Raw Multi30k for the tests: $MULTI30K_DIR, else a copy beside the checkout (../shared/data/multi30k).

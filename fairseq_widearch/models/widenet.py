@@ -11,6 +11,7 @@ cross-attention and the MoE (docs/widenet.md). Balance losses of every routing c
 ``encoder_out`` / the decoder's ``extra`` (keys ``moe_balance_loss``, ``moe_dropped``,
 ``moe_load``) and are summed by ``moe_label_smoothed_cross_entropy`` (Eq. 8).
 """
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional
@@ -40,6 +41,8 @@ from .validation import reject_unapplied, require, require_positive, validate_tr
 
 #: Keys of the auxiliary MoE outputs, each a list with one entry per routing call.
 MOE_KEYS = ("moe_balance_loss", "moe_dropped", "moe_load")
+#: ``--widenet-attention-init``
+ATTENTION_INITS = ("released", "fairseq")
 
 
 @dataclass
@@ -75,6 +78,14 @@ class WideNetConfig(TransformerConfig):
                           "kernels and router, N(0, 1e-6) biases; the presets' activation is the tanh GELU, "
                           "gelu_accurate, and --activation-dropout is --dropout); ours: the activation after the "
                           "first only, the block's dropout after the combine, nn.Linear's init, exact GELU; "
+                          "docs/widenet.md"},
+    )
+    widenet_attention_init: ChoiceEnum(ATTENTION_INITS) = field(
+        default="released",
+        metadata={"help": "released: the attention as the authors' code (Keras' MultiHeadAttention) initialises it, "
+                          "Glorot-uniform with the fans of its 3-D kernels (q, k, v (d, H, d/H): fan_in H·d, "
+                          "fan_out d/H·d; output (H, d/H, d): fan_in d, fan_out H·d) and zero biases; fairseq: "
+                          "fairseq's MultiheadAttention init (Xavier, gain 1/√2 for q, k, v; nn.Linear's biases); "
                           "docs/widenet.md"},
     )
     moe_dispatch: ChoiceEnum(DISPATCH) = field(
@@ -168,6 +179,32 @@ class DenseFFN(nn.Module, ExpertForm):
     def forward(self, x, padding_mask=None, routing=None):
         """x ``(T, B, C)`` -> ``((T, B, C), None)``: no routing."""
         return self.ffn(x), None
+
+
+def glorot_uniform_3d_(weight: Tensor, fan_in: int, fan_out: int):
+    """Keras' Glorot-uniform: U(-b, b), b = sqrt(6 / (fan_in + fan_out)), in place."""
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    nn.init.uniform_(weight, -bound, bound)
+
+
+def build_attention(cfg, *args, **kwargs) -> MultiheadAttention:
+    """fairseq's ``MultiheadAttention(*args, **kwargs)``, initialised as ``--widenet-attention-init`` says.
+
+    ``released``: as Keras' ``MultiHeadAttention`` (the released code's) initialises its EinsumDense
+    kernels: their fans are a convolution's (the receptive field is the product of all dimensions but
+    the last two), so the (d_in, H, d/H) q/k/v kernels have fan_in H·d_in and fan_out d/H·d_in, and the
+    (H, d/H, d) output kernel fan_in d and fan_out H·d; every bias is 0. At d = 128, H = 4 the q/k/v
+    weights' std is 0.0208 (fairseq's 0.0625) and the output's 0.0559 (fairseq's 0.0885)."""
+    attn = MultiheadAttention(*args, **kwargs)
+    if getattr(cfg, "widenet_attention_init", "released") != "released":
+        return attn
+    heads, head_dim = attn.num_heads, attn.head_dim
+    for proj, d_in in ((attn.q_proj, attn.embed_dim), (attn.k_proj, attn.kdim), (attn.v_proj, attn.vdim)):
+        glorot_uniform_3d_(proj.weight, heads * d_in, head_dim * d_in)
+    glorot_uniform_3d_(attn.out_proj.weight, heads * head_dim, attn.embed_dim * heads)
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
+        nn.init.zeros_(proj.bias)
+    return attn
 
 
 def build_ffn(cfg, embed_dim: int, ffn_dim: int):
@@ -265,8 +302,8 @@ class WideNetEncoderLayer(EncoderLayer, MoESublayer):
         super().__init__()
         d, share = cfg.encoder.embed_dim, BlockSharing(cfg, first, routes)
         self.self_attn_layer_norm = share.norm("self_attn_layer_norm", d)
-        self.self_attn = share.module("self_attn", lambda: MultiheadAttention(
-            d, cfg.encoder.attention_heads, dropout=cfg.attention_dropout, self_attention=True))
+        self.self_attn = share.module("self_attn", lambda: build_attention(
+            cfg, d, cfg.encoder.attention_heads, dropout=cfg.attention_dropout, self_attention=True))
         self.moe_layer_norm = share.norm("moe_layer_norm", d)
         self.moe = share.moe(d, cfg.encoder.ffn_embed_dim)
         self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
@@ -288,11 +325,11 @@ class WideNetDecoderLayer(nn.Module, MoESublayer):
         super().__init__()
         d, heads, share = cfg.decoder.embed_dim, cfg.decoder.attention_heads, BlockSharing(cfg, first, routes)
         self.self_attn_layer_norm = share.norm("self_attn_layer_norm", d)
-        self.self_attn = share.attention("self_attn", lambda: MultiheadAttention(
-            d, heads, dropout=cfg.attention_dropout, self_attention=True))
+        self.self_attn = share.attention("self_attn", lambda: build_attention(
+            cfg, d, heads, dropout=cfg.attention_dropout, self_attention=True))
         self.encoder_attn_layer_norm = share.norm("encoder_attn_layer_norm", d)
-        self.encoder_attn = share.attention("encoder_attn", lambda: MultiheadAttention(
-            d, heads, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
+        self.encoder_attn = share.attention("encoder_attn", lambda: build_attention(
+            cfg, d, heads, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
             encoder_decoder_attention=True))
         self.moe_layer_norm = share.norm("moe_layer_norm", d)
         self.moe = share.moe(d, cfg.decoder.ffn_embed_dim)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from fairseq_widearch.experiments.counting import model_stats, preset_param_counts
@@ -204,13 +205,15 @@ def test_router_per_block_with_routing_groups_gives_routers_to_routing_blocks_on
 def test_routing_statistics_count_the_real_tokens_only(dispatch):
     """``moe_dropped`` and ``moe_load`` over a padded batch in training (capacity applies, C = 0.5:
     some assignments dropped) equal those of the same sentences with more padding, whichever the
-    dispatch (``padded`` and ``permute`` route the padding rows too, never keeping them)."""
+    dispatch (``padded`` and ``permute`` route the padding rows too, never keeping them). Dropout 0:
+    its masks depend on the batch's shape, and with them the routing."""
     src, lengths, _ = batch()
     padded_src = torch.cat([torch.ones(3, 4, dtype=src.dtype), src], dim=1)  # four more left-padding steps
     stats = []
     for tokens in (src, padded_src):
         torch.manual_seed(0)
-        model = make_model("--moe-dispatch", dispatch, "--moe-capacity-factor", "0.5", "--moe-no-router-noise").train()
+        model = make_model("--moe-dispatch", dispatch, "--moe-capacity-factor", "0.5", "--moe-no-router-noise",
+                           "--dropout", "0").train()
         out = model.encoder(tokens, src_lengths=lengths)
         stats.append({key: torch.stack(out[key]) for key in ("moe_dropped", "moe_load")})
     assert (stats[0]["moe_dropped"] > 0).all()
@@ -279,6 +282,33 @@ def test_the_experts_and_router_are_built_as_the_released_code_builds_them():
     for form, activated in (("released", True), ("ours", False)):
         dense = make_model("--widenet-dense-ffn", "--widenet-experts", form).encoder.layers[0].moe
         assert isinstance(dense, DenseFFN) and dense.drops_output == activated
+
+
+@torch.no_grad()
+def test_attention_is_initialised_as_keras_multi_head_attention_unless_fairseqs_is_asked():
+    """Released: Glorot-uniform with the fans Keras computes for the 3-D EinsumDense kernels (q, k, v
+    (d_in, H, d/H); output (H, d/H, d)), every bias 0, block 0's attention shared by every block; the
+    cross-attention's k and v with the encoder's width as d_in. ``fairseq``: fairseq's init."""
+    torch.manual_seed(0)
+    d, heads, encoder_d = 128, 4, 64
+    flags = ("--encoder-embed-dim", str(encoder_d), "--encoder-ffn-embed-dim", "128", "--decoder-embed-dim", str(d),
+             "--decoder-ffn-embed-dim", "256", "--decoder-attention-heads", str(heads), "--decoder-layers", "2")
+    model = make_model(*flags)
+    self_attn, cross = model.decoder.layers[0].self_attn, model.decoder.layers[0].encoder_attn
+    head_dim = d // heads
+    expected = [(self_attn.q_proj, heads * d, head_dim * d), (self_attn.out_proj, d, heads * d),
+                (cross.k_proj, heads * encoder_d, head_dim * encoder_d), (cross.v_proj, heads * encoder_d, head_dim * encoder_d)]
+    for proj, fan_in, fan_out in expected:
+        bound = (6 / (fan_in + fan_out)) ** 0.5
+        assert proj.weight.abs().max() <= bound and proj.weight.std() == pytest.approx(bound / 3 ** 0.5, rel=0.05)
+    assert self_attn.q_proj.weight.std() == pytest.approx(0.0208, abs=0.001)  # d 128, 4 heads
+    assert self_attn.out_proj.weight.std() == pytest.approx(0.0559, abs=0.002)
+    attentions = [m for m in model.modules() if isinstance(m, MultiheadAttention)]
+    assert all((p.bias == 0).all() for a in attentions for p in (a.q_proj, a.k_proj, a.v_proj, a.out_proj))
+    assert model.decoder.layers[1].encoder_attn.k_proj.weight is cross.k_proj.weight
+    fairseq_init = make_model(*flags, "--widenet-attention-init", "fairseq").decoder.layers[0].self_attn
+    assert fairseq_init.q_proj.weight.std() == pytest.approx(0.0625, abs=0.003)  # Xavier, gain 1/√2
+    assert fairseq_init.q_proj.bias.abs().max() > 1e-2  # nn.Linear's biases
 
 
 TANH_GELU_1, ERF_GELU_1 = 0.8411919906, 0.8413447461  # GELU(1) in the two forms

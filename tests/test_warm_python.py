@@ -1,0 +1,83 @@
+"""The suite's launcher (tests/warm_python.py): a Python program run by a forked warm interpreter
+sees what a fresh process sees, and its caller gets what ``subprocess.run`` gives."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import warm_python
+
+PROGRAM = """
+import logging, os, random, sys
+print(sys.argv[1:], os.getcwd(), os.environ.get("PROBE"), sys.stdin.read(), logging.root.handlers,
+      sys.path[0] == os.path.dirname(os.path.abspath(__file__)))
+print("to stderr", random.random(), file=sys.stderr)
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+#: The interpreter's own variables, which a command's environment keeps to be served warm
+PYTHON_VARIABLES = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}
+
+
+def both(monkeypatch, *args, **kwargs):
+    """``subprocess.run(*args, **kwargs)`` warm, then fresh: their (exit status, stdout, stderr)."""
+    results = []
+    for fresh in ("0", "1"):
+        monkeypatch.setenv("WIDEARCH_TEST_FRESH_PROCESSES", fresh)
+        proc = subprocess.run(*args, **kwargs)
+        results.append((proc.returncode, proc.stdout, proc.stderr))
+    return results
+
+
+def test_a_warm_child_runs_a_script_as_a_fresh_process_does(tmp_path, monkeypatch):
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    (tmp_path / "work").mkdir()
+    env = {"PROBE": "seen", "EXIT": "3", "PATH": "/usr/bin", **PYTHON_VARIABLES}
+    assert warm_python.serves([sys.executable, str(script)], env)
+    flags = dict(cwd=tmp_path / "work", input="given", capture_output=True, text=True, env=env)
+    (warm, fresh), (again, _) = (both(monkeypatch, [sys.executable, script, "a", "--b"], **flags) for _ in range(2))
+    assert warm[:2] == fresh[:2] == again[:2] == (3, f"['a', '--b'] {tmp_path / 'work'} seen given [] True\n")
+    assert warm[2].startswith("to stderr ")
+    assert warm[2] != again[2]  # random's state seeded anew, not copied from the warm interpreter
+
+
+def test_a_warm_child_writes_to_the_callers_files_and_reports_signals_and_timeouts(tmp_path, monkeypatch):
+    script = tmp_path / "program.py"
+    script.write_text("import os, signal, sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.stdout.flush()\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    logs = []
+    for fresh in ("0", "1"):
+        monkeypatch.setenv("WIDEARCH_TEST_FRESH_PROCESSES", fresh)
+        with open(tmp_path / f"log{fresh}", "w") as log:
+            assert subprocess.run([sys.executable, script], stdout=log, stderr=subprocess.STDOUT).returncode == -9
+        logs.append((tmp_path / f"log{fresh}").read_text())
+    assert logs[0] == logs[1] == "out\nerr\n"
+    monkeypatch.setenv("WIDEARCH_TEST_FRESH_PROCESSES", "0")
+    script.write_text("import signal\nsignal.pause()\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, script], timeout=1)
+    with pytest.raises(subprocess.CalledProcessError):
+        subprocess.run([sys.executable, "-m", "fairseq_widearch.cli.prune_latent_layers"], capture_output=True,
+                       check=True)
+
+
+def test_commands_it_cannot_run_as_a_fresh_process_would_run_fresh():
+    assert not warm_python.serves([sys.executable, "-c", "pass"], None)
+    assert not warm_python.serves(["bash", "x.sh"], None)
+    assert not warm_python.serves([sys.executable, "x.py"], {**PYTHON_VARIABLES, "PYTHONPATH": "/elsewhere"})
+
+
+@pytest.mark.parametrize("first", ["program", "fairseq"])
+def test_a_warm_childs_logging_is_configured_by_whichever_comes_first_as_in_a_fresh_process(
+        tmp_path, monkeypatch, first):
+    """fairseq configures logging as it is imported (stderr, as its tasks do); fairseq-train configures
+    it before importing fairseq (stdout), fairseq-generate after: the same streams either way."""
+    configure = "logging.basicConfig(stream=sys.stdout, level=logging.INFO, format='%(message)s')"
+    order = [configure, "import fairseq"] if first == "program" else ["import fairseq", configure]
+    script = tmp_path / "program.py"
+    script.write_text("\n".join(["import logging, sys", *order, "logging.getLogger('probe').info('logged here')"]))
+    streams = [("logged here" in out, "logged here" in err)
+               for _, out, err in both(monkeypatch, [sys.executable, script], capture_output=True, text=True)]
+    assert streams[0] == streams[1] == ((True, False) if first == "program" else (False, True))

@@ -1,0 +1,249 @@
+"""Python programs for the test suite without a fresh interpreter's imports.
+
+A fresh ``fairseq-train`` spends 6-8 s of CPU importing torch, fairseq (scikit-learn with it,
+through fairseq's criteria) and torch._dynamo (through torch's optimizers) before its first
+update; the suite starts hundreds. :func:`install` replaces ``subprocess.run`` in a pytest worker:
+a command that runs a Python program of this environment (fairseq's console scripts,
+``python script.py``, ``python -m module``) runs as a child forked from one interpreter that
+has imported those libraries once, this module run as ``python warm_python.py SOCKET``; every
+other command, and every ``subprocess.Popen``, runs as before.
+
+The child becomes the program as a fresh process would: the same argv, environment, working
+directory, standard streams (their file descriptors are passed over the socket) and exit status
+(negative where a signal ended it, as ``subprocess`` reports it). Only libraries are imported
+before the fork: the program's own modules (``fairseq_cli.train``, which configures logging as it
+is imported) and the plugin (``--user-dir``) are imported by the child. fairseq's import configures
+logging too (``logging.basicConfig`` in two of its tasks); the server records those calls instead of
+making them, and the child makes them where a fresh process would: at the program's first import of
+fairseq, so that whichever configuration comes first wins, as it does in a fresh process. A command whose environment changes a ``PYTHON*`` variable runs as a fresh process.
+``WIDEARCH_TEST_FRESH_PROCESSES=1`` runs every command as a fresh process."""
+import atexit
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+BIN = os.path.dirname(sys.executable)
+#: The largest request (argv and environment), in bytes
+MAX_REQUEST = 1 << 20
+
+
+def serves(args, env):
+    """Whether ``args`` (strings) runs a Python program the warm interpreter can run in ``env``."""
+    if env is not None and any(env.get(k) != os.environ.get(k) for k in {*env, *os.environ} if k.startswith("PYTHON")):
+        return False
+    if args[0] == sys.executable:
+        return len(args) > 1 and (args[1] == "-m" or args[1].endswith(".py"))
+    return os.path.dirname(args[0]) == BIN and os.path.basename(args[0]).startswith("fairseq-")
+
+
+class Client:
+    """The warm interpreter of this process, started at its first command."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="warm_python")
+        self.socket = os.path.join(self.dir, "socket")
+        self.server = subprocess.Popen([sys.executable, __file__, self.socket], stdout=subprocess.PIPE, text=True)
+        if self.server.stdout.readline() != "ready\n":
+            raise RuntimeError("tests/warm_python.py did not start")
+        self.server.stdout.close()
+        atexit.register(self.server.kill)
+
+    def call(self, args, env, cwd, fds, timeout):
+        """Run ``args`` with standard streams ``fds``; -> its exit status."""
+        request = json.dumps({"argv": args, "env": dict(os.environ if env is None else env),
+                              "cwd": os.fspath(cwd or os.getcwd())}).encode()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+            connection.connect(self.socket)
+            socket.send_fds(connection, [request], fds)
+            pid = int(connection.recv(64))
+            connection.settimeout(timeout)
+            try:
+                return int(connection.recv(64))
+            except socket.timeout:
+                os.kill(pid, signal.SIGKILL)
+                connection.settimeout(None)
+                connection.recv(64)
+                raise subprocess.TimeoutExpired(args, timeout) from None
+
+
+def install():
+    """Make ``subprocess.run`` run the Python programs it serves in a warm interpreter (see above)."""
+    original, client = subprocess.run, []
+
+    def run(args, *, stdin=None, input=None, stdout=None, stderr=None, capture_output=False, timeout=None,
+            check=False, env=None, cwd=None, text=None, encoding=None, errors=None, universal_newlines=None,
+            **other):
+        plain = dict(stdin=stdin, input=input, stdout=stdout, stderr=stderr, capture_output=capture_output,
+                     timeout=timeout, check=check, env=env, cwd=cwd, text=text, encoding=encoding, errors=errors,
+                     universal_newlines=universal_newlines, **other)
+        if isinstance(args, (str, bytes)) or other or os.environ.get("WIDEARCH_TEST_FRESH_PROCESSES") == "1" \
+                or not serves([os.fspath(a) for a in args], env):
+            return original(args, **plain)
+        args = [os.fspath(a) for a in args]
+        if capture_output:
+            stdout = stderr = subprocess.PIPE
+        client[:] = client or [Client()]
+        with tempfile.TemporaryFile() as given, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+                open(os.devnull, "r+b") as null:
+            if input is not None:
+                given.write(input.encode(encoding or "utf-8") if isinstance(input, str) else input)
+                given.seek(0)
+
+            def fd(stream, default, pipe):
+                if stream is None:
+                    return default
+                if stream == subprocess.PIPE:
+                    return pipe.fileno()
+                if stream == subprocess.DEVNULL:
+                    return null.fileno()
+                return stream if isinstance(stream, int) else stream.fileno()
+
+            fds = [given.fileno() if input is not None else fd(stdin, 0, null), fd(stdout, 1, out)]
+            fds.append(fds[1] if stderr == subprocess.STDOUT else fd(stderr, 2, err))
+            returncode = client[0].call(args, env, cwd, fds, timeout)
+            captured = []
+            for stream, pipe in ((stdout, out), (stderr, err)):
+                pipe.seek(0)
+                data = pipe.read() if stream == subprocess.PIPE else None
+                if data is not None and (text or encoding or errors or universal_newlines):
+                    data = data.decode(encoding or "utf-8", errors or "strict")
+                captured.append(data)
+        proc = subprocess.CompletedProcess(args, returncode, *captured)
+        if check:
+            proc.check_returncode()
+        return proc
+
+    subprocess.run = run
+
+
+def child(request, fds, logging_calls):
+    """Become the requested program (standard streams ``fds``); never returns."""
+    import random
+    import runpy
+    import traceback
+
+    import numpy as np
+    import torch
+
+    code = 1
+    configure_logging_at_first_fairseq_import(logging_calls)
+    random.seed()  # the generators as a fresh process seeds them, not as the fork left them
+    np.random.seed()
+    torch.manual_seed(torch.initial_seed())
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))  # as the interpreter opens them
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0 if unbuffered else -1, closefd=False),
+                                      write_through=unbuffered)
+        sys.stderr = open(2, "w", closefd=False, buffering=1)
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+        if "OMP_NUM_THREADS" in os.environ:  # OpenMP read it when torch was imported here
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        argv = request["argv"]
+        if argv[0] == sys.executable and argv[1] == "-m":
+            sys.argv, sys.path[0] = argv[2:], os.getcwd()
+            runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        else:
+            script = argv[1] if argv[0] == sys.executable else argv[0]
+            sys.argv, sys.path[0] = argv[argv.index(script):], os.path.dirname(os.path.abspath(script))
+            runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as e:  # as the interpreter reads sys.exit's argument
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def import_recording_logging_calls(*modules):
+    """Import ``modules`` with ``logging.basicConfig`` recorded, not made; -> the calls' keywords."""
+    import importlib
+    import logging
+
+    calls, basic_config = [], logging.basicConfig
+    logging.basicConfig = lambda **kwargs: calls.append(kwargs)
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    finally:
+        logging.basicConfig = basic_config
+    return calls
+
+
+def configure_logging_at_first_fairseq_import(calls):
+    """Make the recorded ``logging.basicConfig`` ``calls`` when the program first imports fairseq."""
+    import builtins
+    import logging
+
+    original = builtins.__import__
+
+    def first_import(name, *args, **kwargs):
+        if name == "fairseq" or name.startswith("fairseq."):
+            builtins.__import__ = original
+            for call in calls:
+                logging.basicConfig(**call)
+        return original(name, *args, **kwargs)
+
+    builtins.__import__ = first_import
+
+
+def serve(path):
+    """Import the libraries, then serve requests, each at once: a forked waiter forks the program,
+    reports its pid and waits for its exit status. Ends when the process that started it ends."""
+    # torch._dynamo: torch.optim imports it at the first optimizer; fairseq: its tasks and criteria,
+    # scikit-learn among them
+    logging_calls = import_recording_logging_calls("torch", "torch._dynamo", "fairseq", "fairseq.checkpoint_utils",
+                                                   "fairseq.sequence_generator", "fairseq.trainer")
+
+    parent = os.getppid()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.bind(path)
+    server.listen()
+    server.settimeout(5)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped without waiting for them
+    print("ready", flush=True)
+    while os.getppid() == parent:
+        try:
+            connection, _ = server.accept()
+        except socket.timeout:
+            continue
+        message, fds, _, _ = socket.recv_fds(connection, MAX_REQUEST, 3)
+        if os.fork() == 0:  # the waiter
+            server.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            pid = os.fork()
+            if pid == 0:
+                connection.close()
+                child(json.loads(message), fds, logging_calls)
+            for fd in fds:
+                os.close(fd)
+            connection.send(str(pid).encode())
+            _, status = os.waitpid(pid, 0)
+            connection.send(str(os.waitstatus_to_exitcode(status)).encode())
+            os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        connection.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
