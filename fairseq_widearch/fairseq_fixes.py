@@ -406,7 +406,7 @@ def prefetching_stops_at_exit():
     frames), the process aborts with "terminate called without an active exception" after training
     has finished and saved its checkpoints, and scripts that check the exit status fail. The handler
     lets each live thread finish the batch it is on and return, for at most
-    :data:`PREFETCH_STOP_SECONDS` in all. Idempotent.
+    ``PREFETCH_STOP_SECONDS`` seconds in all. Idempotent.
     """
     from fairseq.data.iterators import BufferedIterator
 
