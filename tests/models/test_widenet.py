@@ -409,22 +409,32 @@ def test_dropout_positions_in_the_moe_sublayer(form):
 
 @pytest.mark.slow
 def test_init_scale_against_the_stock_transformer(multi30k_bin):
-    """At initialisation, on 48 real Multi30k val sentences (docs/widenet.md, "Experts"): the
+    """At initialisation, on 48 real Multi30k val sentences (docs/widenet.md, "Init-time scale"): the
     released experts' MoE sub-layer output RMS lies within 2x of the stock Transformer's FFN
-    sub-layers and above ours (its GELU after the second layer and larger Xavier kernels), and the
-    encoder's gradient norm within 2x of the Transformer's for both."""
+    sub-layers and above ours (its GELU after the second layer and larger Xavier kernels); the
+    released attention init's attention sub-layers start below half the stock's and its encoder
+    gradient norm below fairseq's attention init's, which keeps both within 2x of the stock's."""
     def scales(flags):
         out = run([sys.executable, REPO / "benchmarks" / "init_scale.py", "--data", multi30k_bin, "--system",
                    "widenet", "--updates", "0", "--sentences", "48", "--flags", flags]).stdout
         return json.loads(out.splitlines()[-1])
 
-    released, ours = scales("--widenet-experts released"), scales("--widenet-experts ours")
+    released, ours, fairseq_init = (scales(f) for f in ("", "--widenet-experts ours",
+                                                         "--widenet-attention-init fairseq"))
     ffn = released["transformer"]["sublayer_rms_by_kind"]["fc2"]
     moe = released["widenet"]["sublayer_rms_by_kind"]["moe"]
     assert ffn[0] / 2 <= moe[0] and moe[1] <= ffn[1] * 2, (moe, ffn)
     assert ours["widenet"]["sublayer_rms_by_kind"]["moe"][1] < moe[0]
-    for measured in (released, ours):
-        assert 0.5 <= measured["widenet"]["encoder_grad_norm"] / measured["transformer"]["encoder_grad_norm"] <= 2
+
+    def against_stock(measured):
+        kinds = measured["widenet"]["sublayer_rms_by_kind"], measured["transformer"]["sublayer_rms_by_kind"]
+        attention = [kinds[0][k][1] / kinds[1][k][1] for k in ("self_attn", "encoder_attn")]
+        return attention, measured["widenet"]["encoder_grad_norm"] / measured["transformer"]["encoder_grad_norm"]
+
+    (attention, grad), (fairseq_attention, fairseq_grad) = against_stock(released), against_stock(fairseq_init)
+    assert max(attention) < 0.5 and grad < 0.9 * fairseq_grad, (attention, grad, fairseq_grad)
+    assert all(0.5 <= a <= 2 for a in fairseq_attention) and 0.5 <= fairseq_grad <= 2, (fairseq_attention,
+                                                                                        fairseq_grad)
 
 
 @pytest.mark.parametrize("form", ["namespace", "dict", "dictconfig"])
