@@ -16,8 +16,8 @@ print("to stderr", random.random(), file=sys.stderr)
 sys.exit(int(os.environ.get("EXIT", "0")))
 """
 
-#: The interpreter's own variables, which a command's environment keeps to be served warm
-PYTHON_VARIABLES = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}
+#: The variables read at import, which a command's environment keeps to be served warm
+PYTHON_VARIABLES = {k: v for k, v in os.environ.items() if k.startswith(warm_python.IMPORT_TIME_PREFIXES)}
 
 
 def both(monkeypatch, *args, **kwargs):
@@ -81,3 +81,23 @@ def test_a_warm_childs_logging_is_configured_by_whichever_comes_first_as_in_a_fr
     streams = [("logged here" in out, "logged here" in err)
                for _, out, err in both(monkeypatch, [sys.executable, script], capture_output=True, text=True)]
     assert streams[0] == streams[1] == ((True, False) if first == "program" else (False, True))
+
+
+def test_a_warm_child_is_forked_seeded_anew_and_shuts_down_as_the_interpreter_does(tmp_path, monkeypatch):
+    """Served warm (its parent is not this process), yet torch seeded anew each time; a thread the
+    program leaves running finishes, text output has universal newlines and an uncaught
+    KeyboardInterrupt ends it by SIGINT, as in a fresh process."""
+    script = tmp_path / "program.py"
+    script.write_text("import os, sys, threading, torch\n"
+                      "threading.Thread(target=lambda: (threading.main_thread().join(), print('joined'))).start()\n"
+                      "print(os.getppid() == int(sys.argv[1]), torch.initial_seed(), end='\\r\\n')\n"
+                      "sys.stdout.write('a\\rb\\n')\n"
+                      "if len(sys.argv) > 2: raise KeyboardInterrupt\n")
+    command = [sys.executable, script, str(os.getpid())]
+    runs = [*both(monkeypatch, command, capture_output=True, text=True),
+            *both(monkeypatch, command, capture_output=True, text=True)]
+    lines = [out.splitlines() for _, out, _ in runs]
+    assert [line[0].split()[0] for line in lines] == ["False", "True", "False", "True"]
+    assert lines[0][0] != lines[2][0]  # torch's seed
+    assert all(line[1:] == ["a", "b", "joined"] for line in lines)
+    assert [code for code, _, _ in both(monkeypatch, [*command, "interrupt"], capture_output=True)] == [-2, -2]

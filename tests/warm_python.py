@@ -15,8 +15,14 @@ before the fork: the program's own modules (``fairseq_cli.train``, which configu
 is imported) and the plugin (``--user-dir``) are imported by the child. fairseq's import configures
 logging too (``logging.basicConfig`` in two of its tasks); the server records those calls instead of
 making them, and the child makes them where a fresh process would: at the program's first import of
-fairseq, so that whichever configuration comes first wins, as it does in a fresh process. A command whose environment changes a ``PYTHON*`` variable runs as a fresh process.
-``WIDEARCH_TEST_FRESH_PROCESSES=1`` runs every command as a fresh process."""
+fairseq, so that whichever configuration comes first wins, as it does in a fresh process. The
+child seeds random, NumPy and torch anew and shuts down as the interpreter does (threads joined,
+exit handlers run). What it cannot do as a fresh process does: its string hash seed is the warm
+interpreter's (PYTHONHASHSEED is read at start-up), warnings raised by the libraries' imports are
+not repeated on its stderr, and files it leaves open are not flushed by a final collection. A
+command whose environment gives a variable read at import (``IMPORT_TIME_PREFIXES``) other values
+than the warm interpreter's runs as a fresh process, and so does every command when
+``WIDEARCH_TEST_FRESH_PROCESSES=1``."""
 import atexit
 import io
 import json
@@ -26,15 +32,23 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 
 BIN = os.path.dirname(sys.executable)
+#: Variables the interpreter or the libraries read as they are imported: a command whose environment
+#: gives them other values than the warm interpreter's runs fresh (OMP_NUM_THREADS is applied).
+IMPORT_TIME_PREFIXES = ("PYTHON", "MKL_", "KMP_", "OMP_", "TORCH", "CUDA_")
+#: The environment the warm interpreter starts with: this process's when :func:`install` ran
+SERVER_ENV = dict(os.environ)
 #: The largest request (argv and environment), in bytes
 MAX_REQUEST = 1 << 20
 
 
 def serves(args, env):
     """Whether ``args`` (strings) runs a Python program the warm interpreter can run in ``env``."""
-    if env is not None and any(env.get(k) != os.environ.get(k) for k in {*env, *os.environ} if k.startswith("PYTHON")):
+    env = os.environ if env is None else env
+    differ = {k for k in {*env, *SERVER_ENV} if k.startswith(IMPORT_TIME_PREFIXES) and env.get(k) != SERVER_ENV.get(k)}
+    if differ - {"OMP_NUM_THREADS"} or ("OMP_NUM_THREADS" in differ and "OMP_NUM_THREADS" not in env):
         return False
     if args[0] == sys.executable:
         return len(args) > 1 and (args[1] == "-m" or args[1].endswith(".py"))
@@ -47,7 +61,8 @@ class Client:
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="warm_python")
         self.socket = os.path.join(self.dir, "socket")
-        self.server = subprocess.Popen([sys.executable, __file__, self.socket], stdout=subprocess.PIPE, text=True)
+        self.server = subprocess.Popen([sys.executable, __file__, self.socket], stdout=subprocess.PIPE, text=True,
+                                       env=SERVER_ENV)
         if self.server.stdout.readline() != "ready\n":
             raise RuntimeError("tests/warm_python.py did not start")
         self.server.stdout.close()
@@ -64,11 +79,13 @@ class Client:
             connection.settimeout(timeout)
             try:
                 return int(connection.recv(64))
-            except socket.timeout:
+            except BaseException as e:  # as subprocess.run, the program ends with its caller's wait
                 os.kill(pid, signal.SIGKILL)
                 connection.settimeout(None)
                 connection.recv(64)
-                raise subprocess.TimeoutExpired(args, timeout) from None
+                if isinstance(e, socket.timeout):
+                    raise subprocess.TimeoutExpired(args, timeout) from None
+                raise
 
 
 def install():
@@ -112,6 +129,8 @@ def install():
                 data = pipe.read() if stream == subprocess.PIPE else None
                 if data is not None and (text or encoding or errors or universal_newlines):
                     data = data.decode(encoding or "utf-8", errors or "strict")
+                    if not (encoding or errors):  # universal newlines, as subprocess translates them
+                        data = data.replace("\r\n", "\n").replace("\r", "\n")
                 captured.append(data)
         proc = subprocess.CompletedProcess(args, returncode, *captured)
         if check:
@@ -134,7 +153,7 @@ def child(request, fds, logging_calls):
     configure_logging_at_first_fairseq_import(logging_calls)
     random.seed()  # the generators as a fresh process seeds them, not as the fork left them
     np.random.seed()
-    torch.manual_seed(torch.initial_seed())
+    torch.seed()
     try:
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -146,7 +165,7 @@ def child(request, fds, logging_calls):
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0 if unbuffered else -1, closefd=False),
                                       write_through=unbuffered)
-        sys.stderr = open(2, "w", closefd=False, buffering=1)
+        sys.stderr = open(2, "w", closefd=False, buffering=1, errors="backslashreplace")
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
         if "OMP_NUM_THREADS" in os.environ:  # OpenMP read it when torch was imported here
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -164,13 +183,20 @@ def child(request, fds, logging_calls):
             code = e.code or 0
         else:
             print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:  # the interpreter ends itself by SIGINT then
+        traceback.print_exc()
+        code = -signal.SIGINT
     except BaseException:
         traceback.print_exc()
-    try:
+    try:  # the interpreter's shutdown: non-daemon threads joined, then the exit handlers
+        threading._shutdown()
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
+        if code == -signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(code)
 
 

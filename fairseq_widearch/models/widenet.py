@@ -85,7 +85,7 @@ class WideNetConfig(TransformerConfig):
         metadata={"help": "released: the attention as the authors' code (Keras' MultiHeadAttention) initialises it, "
                           "Glorot-uniform with the fans of its 3-D kernels (q, k, v (d, H, d/H): fan_in H·d, "
                           "fan_out d/H·d; output (H, d/H, d): fan_in d, fan_out H·d) and zero biases; fairseq: "
-                          "fairseq's MultiheadAttention init (Xavier, gain 1/√2 for q, k, v; nn.Linear's biases); "
+                          "fairseq's MultiheadAttention init (Xavier, gain 1/√2 for q, k, v, with nn.Linear's biases; a zero output bias); "
                           "docs/widenet.md"},
     )
     moe_dispatch: ChoiceEnum(DISPATCH) = field(
