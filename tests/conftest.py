@@ -47,6 +47,19 @@ def pytest_collection_modifyitems(items):
         items[i] = item
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test ends with the environment it started with. Libraries a test runs in this process
+    set variables for good (fairseq's data loader PYTHONWARNINGS, torch's inductor its cache
+    directory), which would reach every later test's commands and make the warm interpreter, whose
+    variables read at import they no longer match, start them afresh."""
+    environment = dict(os.environ)
+    yield
+    if os.environ != environment:
+        os.environ.clear()
+        os.environ.update(environment)
+
+
 def run(cmd, cwd=None, env=None, timeout=600, input=None):
     """Run a command (``input``: text for its stdin); on failure raise with its output so pytest shows why."""
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,

@@ -101,3 +101,12 @@ def test_a_warm_child_is_forked_seeded_anew_and_shuts_down_as_the_interpreter_do
     assert lines[0][0] != lines[2][0]  # torch's seed
     assert all(line[1:] == ["a", "b", "joined"] for line in lines)
     assert [code for code, _, _ in both(monkeypatch, [*command, "interrupt"], capture_output=True)] == [-2, -2]
+
+
+def test_a_variable_a_library_sets_for_good_in_a_test_is_undone_after_it():
+    os.environ["PYTHONWARNINGS"] = "ignore:semaphore_tracker:UserWarning"  # as fairseq's data loader sets it
+
+
+def test_so_the_next_tests_commands_are_still_served_warm():
+    assert os.environ.get("PYTHONWARNINGS") == warm_python.SERVER_ENV.get("PYTHONWARNINGS")
+    assert warm_python.serves([sys.executable, "program.py"], None)

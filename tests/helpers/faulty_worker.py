@@ -10,6 +10,7 @@ copies each saved checkpoint to ``checkpoint_last.pt``) and sends itself SIGKILL
 import os
 import shutil
 import signal
+import sys
 
 from fairseq.trainer import Trainer
 from fairseq_cli.train import cli_main
@@ -21,7 +22,9 @@ def printed_train_step(self, samples, raise_oom=False):
     update, rank = self.get_num_updates() + 1, self.data_parallel_rank
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     ids = sorted(i for s in samples if s for i in s["id"].tolist())
-    print(f"| batch {attempt} {rank} {update} {','.join(map(str, ids))}", flush=True)
+    # one write: under PYTHONUNBUFFERED, print's text and newline are two, which the peer's can split
+    sys.stdout.write(f"| batch {attempt} {rank} {update} {','.join(map(str, ids))}\n")
+    sys.stdout.flush()
     fault = os.environ.get("FAULT")
     if fault in ("kill", "stop") and attempt == 0 and rank == int(os.environ["FAULT_RANK"]) and update == int(os.environ["FAULT_UPDATE"]):
         os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[fault])
