@@ -4,6 +4,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -175,7 +176,7 @@ def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp"):
     unused-parameter search), each saving its own checkpoint. Returns (the two ranks' final
     state dicts, their outputs)."""
     port = 29500 + (abs(hash((arch, backend, *map(str, extra)))) % 1000)
-    procs = []
+    commands = []
     for rank in range(2):
         (tmp_path / f"rank{rank}").mkdir()  # fairseq creates the save dir on the master only
         cmd = [sys.executable, REPO / "tests" / "helpers" / "ddp_worker.py", data,
@@ -186,9 +187,12 @@ def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp"):
                "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-rank", str(rank),
                "--distributed-no-spawn", "--device-id", "0", *([] if "--criterion" in extra else criterion_for(arch)),
                *extra]
-        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    outs = [p.communicate(timeout=600)[0] for p in procs]
+        commands.append([str(c) for c in cmd])
+    # both ranks at once, each by subprocess.run (served by the warm interpreter)
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda cmd: subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                          text=True, timeout=600), commands))
+    outs = [p.stdout for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-4000:]
     return [torch.load(tmp_path / f"rank{r}" / "checkpoint_last.pt")["model"] for r in range(2)], outs

@@ -90,7 +90,7 @@ class Client:
 
 def install():
     """Make ``subprocess.run`` run the Python programs it serves in a warm interpreter (see above)."""
-    original, client = subprocess.run, []
+    original, client, starting = subprocess.run, [], threading.Lock()
 
     def run(args, *, stdin=None, input=None, stdout=None, stderr=None, capture_output=False, timeout=None,
             check=False, env=None, cwd=None, text=None, encoding=None, errors=None, universal_newlines=None,
@@ -104,7 +104,8 @@ def install():
         args = [os.fspath(a) for a in args]
         if capture_output:
             stdout = stderr = subprocess.PIPE
-        client[:] = client or [Client()]
+        with starting:  # one warm interpreter, whichever thread calls first
+            client[:] = client or [Client()]
         with tempfile.TemporaryFile() as given, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
                 open(os.devnull, "r+b") as null:
             if input is not None:
