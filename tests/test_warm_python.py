@@ -1,6 +1,7 @@
 """The suite's launcher (tests/warm_python.py): a Python program run by a forked warm interpreter
 sees what a fresh process sees, and its caller gets what ``subprocess.run`` gives."""
 import os
+import re
 import subprocess
 import sys
 
@@ -64,7 +65,8 @@ def test_a_warm_child_writes_to_the_callers_files_and_reports_signals_and_timeou
 
 
 def test_commands_it_cannot_run_as_a_fresh_process_would_run_fresh():
-    assert not warm_python.serves([sys.executable, "-c", "pass"], None)
+    assert warm_python.serves([sys.executable, "-c", "pass"], None)
+    assert not warm_python.serves([sys.executable, "-c"], None) and not warm_python.serves([sys.executable], None)
     assert not warm_python.serves(["bash", "x.sh"], None)
     assert not warm_python.serves([sys.executable, "x.py"], {**PYTHON_VARIABLES, "PYTHONPATH": "/elsewhere"})
 
@@ -110,3 +112,22 @@ def test_a_variable_a_library_sets_for_good_in_a_test_is_undone_after_it():
 def test_so_the_next_tests_commands_are_still_served_warm():
     assert os.environ.get("PYTHONWARNINGS") == warm_python.SERVER_ENV.get("PYTHONWARNINGS")
     assert warm_python.serves([sys.executable, "program.py"], None)
+
+
+def test_a_bash_scripts_python_programs_are_served_warm_and_exit_as_they_would_fresh(tmp_path, monkeypatch):
+    """bash finds the shims before this environment's bin on PATH and in VENV: python (``-c``, ``-m``, a script) and
+    fairseq's commands run warm (the program's parent is not the shell), with the shell's streams,
+    working directory and exit statuses."""
+    (tmp_path / "program.py").write_text("import os, sys\nprint(os.getppid(), sys.argv[1:], os.getcwd())\n"
+                                         "sys.exit(int(sys.argv[1]))\n")
+    script = ('echo $$; python program.py 0 a; "$VENV/bin/python" -c "import os, sys; print(os.getppid(), sys.argv[1:])" b; '
+              'python program.py 4 || echo "exit $?"; fairseq-train --help > /dev/null && echo trained')
+    env = {**os.environ, "VENV": sys.prefix, "PATH": os.pathsep.join([warm_python.BIN, os.environ["PATH"]])}
+    (warm, warm_out, _), (fresh, fresh_out, _) = both(monkeypatch, ["bash", "-c", script], cwd=tmp_path, env=env,
+                                                    capture_output=True, text=True)
+    shell, *lines = warm_out.splitlines()
+    parents = [line.split()[0] for line in lines[:3]]
+    assert warm == fresh == 0 and all(parent != shell for parent in parents)
+    without_parents = lambda out: [re.sub(r"^\d+ ", "", line) for line in out.splitlines()[1:]]
+    assert without_parents(warm_out) == without_parents(fresh_out) == [
+        f"['0', 'a'] {tmp_path}", "['b']", f"['4'] {tmp_path}", "exit 4", "trained"]

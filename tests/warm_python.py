@@ -4,9 +4,12 @@ A fresh ``fairseq-train`` spends 6-8 s of CPU importing torch, fairseq (scikit-l
 through fairseq's criteria) and torch._dynamo (through torch's optimizers) before its first
 update; the suite starts hundreds. :func:`install` replaces ``subprocess.run`` in a pytest worker:
 a command that runs a Python program of this environment (fairseq's console scripts,
-``python script.py``, ``python -m module``) runs as a child forked from one interpreter that
-has imported those libraries once, this module run as ``python warm_python.py SOCKET``; every
-other command, and every ``subprocess.Popen``, runs as before.
+``python script.py``, ``python -m module``, ``python -c code``) runs as a child forked from one
+interpreter that has imported those libraries once, this module run as ``python warm_python.py
+SOCKET``. A ``bash`` command (the recipes) finds shims of this environment's ``python`` and
+``fairseq-*`` first on its PATH, and in VENV or PYTHON where those name this environment: they
+pass such programs to the same interpreter (:func:`shim`). Every other command, and every
+``subprocess.Popen``, runs as before.
 
 The child becomes the program as a fresh process would: the same argv, environment, working
 directory, standard streams (their file descriptors are passed over the socket) and exit status
@@ -19,10 +22,12 @@ fairseq, so that whichever configuration comes first wins, as it does in a fresh
 child seeds random, NumPy and torch anew and shuts down as the interpreter does (threads joined,
 exit handlers run). What it cannot do as a fresh process does: its string hash seed is the warm
 interpreter's (PYTHONHASHSEED is read at start-up), warnings raised by the libraries' imports are
-not repeated on its stderr, and files it leaves open are not flushed by a final collection. A
+not repeated on its stderr, files it leaves open are not flushed by a final collection, and the
+native libraries' own exit (their static destructors) does not run: a test of how a process exits
+asks for a fresh one. A
 command whose environment gives a variable read at import (``IMPORT_TIME_PREFIXES``) other values
 than the warm interpreter's runs as a fresh process, and so does every command when
-``WIDEARCH_TEST_FRESH_PROCESSES=1``."""
+``WIDEARCH_TEST_FRESH_PROCESSES=1`` (in this process's environment or the command's)."""
 import atexit
 import io
 import json
@@ -46,17 +51,51 @@ MAX_REQUEST = 1 << 20
 
 def serves(args, env):
     """Whether ``args`` (strings) runs a Python program the warm interpreter can run in ``env``."""
-    env = os.environ if env is None else env
-    differ = {k for k in {*env, *SERVER_ENV} if k.startswith(IMPORT_TIME_PREFIXES) and env.get(k) != SERVER_ENV.get(k)}
-    if differ - {"OMP_NUM_THREADS"} or ("OMP_NUM_THREADS" in differ and "OMP_NUM_THREADS" not in env):
+    if not imports_alike(os.environ if env is None else env):
         return False
     if args[0] == sys.executable:
-        return len(args) > 1 and (args[1] == "-m" or args[1].endswith(".py"))
+        return len(args) > 2 and args[1] in ("-m", "-c") or len(args) > 1 and args[1].endswith(".py")
     return os.path.dirname(args[0]) == BIN and os.path.basename(args[0]).startswith("fairseq-")
 
 
+def imports_alike(env):
+    """Whether a process of environment ``env`` imports the libraries as the warm interpreter did:
+    the same variables read at import (OMP_NUM_THREADS may differ: the child applies it)."""
+    differ = {k for k in {*env, *SERVER_ENV} if k.startswith(IMPORT_TIME_PREFIXES) and env.get(k) != SERVER_ENV.get(k)}
+    return not (differ - {"OMP_NUM_THREADS"} or ("OMP_NUM_THREADS" in differ and "OMP_NUM_THREADS" not in env))
+
+
+def call(path, args, env, cwd, fds, timeout, on_signal=()):
+    """Run ``args`` in the warm interpreter listening at ``path``, with standard streams ``fds``,
+    the signals ``on_signal`` passed on to it; -> its exit status, or None where the interpreter
+    says the environment needs a fresh process."""
+    request = json.dumps({"argv": args, "env": dict(os.environ if env is None else env),
+                          "cwd": os.fspath(cwd or os.getcwd())}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+        connection.connect(path)
+        socket.send_fds(connection, [request], fds)
+        reply = connection.recv(64)
+        if reply == b"fresh":
+            return None
+        pid = int(reply)
+        for number in on_signal:
+            signal.signal(number, lambda number, frame: os.kill(pid, number))
+        connection.settimeout(timeout)
+        try:
+            return int(connection.recv(64))
+        except BaseException as e:  # as subprocess.run, the program ends with its caller's wait
+            os.kill(pid, signal.SIGKILL)
+            connection.settimeout(None)
+            connection.recv(64)
+            if isinstance(e, socket.timeout):
+                raise subprocess.TimeoutExpired(args, timeout) from None
+            raise
+
+
 class Client:
-    """The warm interpreter of this process, started at its first command."""
+    """The warm interpreter of this process, started at its first command, and a virtualenv of
+    shims (``venv``): its ``bin/python`` and ``fairseq-*`` pass their programs to the warm
+    interpreter (:func:`shim`), its other commands are this virtualenv's."""
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="warm_python")
@@ -67,30 +106,58 @@ class Client:
             raise RuntimeError("tests/warm_python.py did not start")
         self.server.stdout.close()
         atexit.register(self.server.kill)
+        self.venv, self.shims = os.path.join(self.dir, "venv"), os.path.join(self.dir, "shims")
+        os.makedirs(os.path.join(self.venv, "bin"))
+        os.makedirs(self.shims)
+        for name in os.listdir(BIN):
+            path, target = os.path.join(self.venv, "bin", name), os.path.join(BIN, name)
+            if name == "python" or name.startswith("fairseq-"):
+                with open(path, "w") as f:  # -S: the shim needs the standard library alone
+                    f.write(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+                            f"import warm_python\nwarm_python.shim({target!r})\n")
+                os.chmod(path, 0o755)
+                os.symlink(path, os.path.join(self.shims, name))
+            else:
+                os.symlink(target, path)
 
-    def call(self, args, env, cwd, fds, timeout):
-        """Run ``args`` with standard streams ``fds``; -> its exit status."""
-        request = json.dumps({"argv": args, "env": dict(os.environ if env is None else env),
-                              "cwd": os.fspath(cwd or os.getcwd())}).encode()
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
-            connection.connect(self.socket)
-            socket.send_fds(connection, [request], fds)
-            pid = int(connection.recv(64))
-            connection.settimeout(timeout)
-            try:
-                return int(connection.recv(64))
-            except BaseException as e:  # as subprocess.run, the program ends with its caller's wait
-                os.kill(pid, signal.SIGKILL)
-                connection.settimeout(None)
-                connection.recv(64)
-                if isinstance(e, socket.timeout):
-                    raise subprocess.TimeoutExpired(args, timeout) from None
-                raise
+    def bash_env(self, env):
+        """``env`` for a bash script: the shims before this virtualenv's bin where PATH has it, and
+        in VENV or PYTHON where those name this virtualenv or its interpreter; the shims' socket."""
+        env = dict(os.environ if env is None else env)
+        path = env.get("PATH", "").split(os.pathsep)
+        env["PATH"] = os.pathsep.join(d for entry in path for d in ([self.shims, entry] if entry == BIN else [entry]))
+        if env.get("VENV") and os.path.realpath(env["VENV"]) == os.path.realpath(sys.prefix):
+            env["VENV"] = self.venv
+        if env.get("PYTHON") == sys.executable:
+            env["PYTHON"] = os.path.join(self.venv, "bin", "python")
+        env["WIDEARCH_WARM_SOCKET"] = self.socket
+        return env
+
+
+def shim(target):
+    """The program of ``target`` with this process's arguments, in the warm interpreter that
+    ``$WIDEARCH_WARM_SOCKET`` names where it serves it, else ``target`` itself; exits as it exits."""
+    args = [target, *sys.argv[1:]]
+    code = None
+    if os.environ.get("WIDEARCH_TEST_FRESH_PROCESSES") != "1" and serves(args, None):
+        code = call(os.environ["WIDEARCH_WARM_SOCKET"], args, None, None, [0, 1, 2], None,
+                    on_signal=(signal.SIGINT, signal.SIGTERM))
+    if code is None:
+        os.execv(target, args)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
 
 
 def install():
     """Make ``subprocess.run`` run the Python programs it serves in a warm interpreter (see above)."""
     original, client, starting = subprocess.run, [], threading.Lock()
+
+    def started():
+        with starting:  # one warm interpreter, whichever thread calls first
+            client[:] = client or [Client()]
+        return client[0]
 
     def run(args, *, stdin=None, input=None, stdout=None, stderr=None, capture_output=False, timeout=None,
             check=False, env=None, cwd=None, text=None, encoding=None, errors=None, universal_newlines=None,
@@ -98,14 +165,16 @@ def install():
         plain = dict(stdin=stdin, input=input, stdout=stdout, stderr=stderr, capture_output=capture_output,
                      timeout=timeout, check=check, env=env, cwd=cwd, text=text, encoding=encoding, errors=errors,
                      universal_newlines=universal_newlines, **other)
-        if isinstance(args, (str, bytes)) or other or os.environ.get("WIDEARCH_TEST_FRESH_PROCESSES") == "1" \
-                or not serves([os.fspath(a) for a in args], env):
+        fresh = (os.environ if env is None else env).get("WIDEARCH_TEST_FRESH_PROCESSES") == "1"
+        if isinstance(args, (str, bytes)) or other or fresh:
+            return original(args, **plain)
+        if not serves([os.fspath(a) for a in args], env):
+            if os.path.basename(os.fspath(args[0])) == "bash":  # a recipe: its Python programs through the shims
+                plain["env"] = started().bash_env(env)
             return original(args, **plain)
         args = [os.fspath(a) for a in args]
         if capture_output:
             stdout = stderr = subprocess.PIPE
-        with starting:  # one warm interpreter, whichever thread calls first
-            client[:] = client or [Client()]
         with tempfile.TemporaryFile() as given, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
                 open(os.devnull, "r+b") as null:
             if input is not None:
@@ -123,7 +192,9 @@ def install():
 
             fds = [given.fileno() if input is not None else fd(stdin, 0, null), fd(stdout, 1, out)]
             fds.append(fds[1] if stderr == subprocess.STDOUT else fd(stderr, 2, err))
-            returncode = client[0].call(args, env, cwd, fds, timeout)
+            returncode = call(started().socket, args, env, cwd, fds, timeout)
+            if returncode is None:
+                return original(args, **plain)
             captured = []
             for stream, pipe in ((stdout, out), (stderr, err)):
                 pipe.seek(0)
@@ -146,6 +217,7 @@ def child(request, fds, logging_calls):
     import random
     import runpy
     import traceback
+    import types
 
     import numpy as np
     import torch
@@ -174,6 +246,10 @@ def child(request, fds, logging_calls):
         if argv[0] == sys.executable and argv[1] == "-m":
             sys.argv, sys.path[0] = argv[2:], os.getcwd()
             runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        elif argv[0] == sys.executable and argv[1] == "-c":
+            sys.argv, sys.path[0] = ["-c", *argv[3:]], ""
+            sys.modules["__main__"] = main = types.ModuleType("__main__")
+            exec(compile(argv[2], "<string>", "exec"), main.__dict__)
         else:
             script = argv[1] if argv[0] == sys.executable else argv[0]
             sys.argv, sys.path[0] = argv[argv.index(script):], os.path.dirname(os.path.abspath(script))
@@ -257,6 +333,9 @@ def serve(path):
         if os.fork() == 0:  # the waiter
             server.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            if not imports_alike(json.loads(message)["env"]):
+                connection.send(b"fresh")
+                os._exit(0)
             pid = os.fork()
             if pid == 0:
                 connection.close()
