@@ -131,3 +131,12 @@ def test_a_bash_scripts_python_programs_are_served_warm_and_exit_as_they_would_f
     without_parents = lambda out: [re.sub(r"^\d+ ", "", line) for line in out.splitlines()[1:]]
     assert without_parents(warm_out) == without_parents(fresh_out) == [
         f"['0', 'a'] {tmp_path}", "['b']", f"['4'] {tmp_path}", "exit 4", "trained"]
+
+
+def test_a_served_programs_own_python_commands_are_served_too(tmp_path, monkeypatch):
+    script = tmp_path / "program.py"
+    script.write_text("import os, subprocess, sys\n"
+                      "out = subprocess.run([sys.executable, '-c', 'import os; print(os.getppid())'], capture_output=True,"
+                      " text=True).stdout\nprint(int(out) == os.getpid())\n")
+    assert [out for _, out, _ in both(monkeypatch, [sys.executable, script], capture_output=True, text=True)] == [
+        "False\n", "True\n"]

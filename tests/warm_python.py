@@ -8,8 +8,8 @@ a command that runs a Python program of this environment (fairseq's console scri
 interpreter that has imported those libraries once, this module run as ``python warm_python.py
 SOCKET``. A ``bash`` command (the recipes) finds shims of this environment's ``python`` and
 ``fairseq-*`` first on its PATH, and in VENV or PYTHON where those name this environment: they
-pass such programs to the same interpreter (:func:`shim`). Every other command, and every
-``subprocess.Popen``, runs as before.
+pass such programs to the same interpreter (:func:`shim`), and so does a served program's own
+``subprocess.run``. Every other command, and every ``subprocess.Popen``, runs as before.
 
 The child becomes the program as a fresh process would: the same argv, environment, working
 directory, standard streams (their file descriptors are passed over the socket) and exit status
@@ -97,16 +97,19 @@ class Client:
     shims (``venv``): its ``bin/python`` and ``fairseq-*`` pass their programs to the warm
     interpreter (:func:`shim`), its other commands are this virtualenv's."""
 
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="warm_python")
+    def __init__(self, served=None):
+        """``served``: the directory of a warm interpreter already serving (that of the child's own)."""
+        self.dir = served or tempfile.mkdtemp(prefix="warm_python")
         self.socket = os.path.join(self.dir, "socket")
+        self.venv, self.shims = os.path.join(self.dir, "venv"), os.path.join(self.dir, "shims")
+        if served:
+            return
         self.server = subprocess.Popen([sys.executable, __file__, self.socket], stdout=subprocess.PIPE, text=True,
                                        env=SERVER_ENV)
         if self.server.stdout.readline() != "ready\n":
             raise RuntimeError("tests/warm_python.py did not start")
         self.server.stdout.close()
         atexit.register(self.server.kill)
-        self.venv, self.shims = os.path.join(self.dir, "venv"), os.path.join(self.dir, "shims")
         os.makedirs(os.path.join(self.venv, "bin"))
         os.makedirs(self.shims)
         for name in os.listdir(BIN):
@@ -150,9 +153,10 @@ def shim(target):
     os._exit(code)
 
 
-def install():
-    """Make ``subprocess.run`` run the Python programs it serves in a warm interpreter (see above)."""
-    original, client, starting = subprocess.run, [], threading.Lock()
+def install(served=None):
+    """Make ``subprocess.run`` run the Python programs it serves in a warm interpreter (see above):
+    a new one, or the one serving from directory ``served``."""
+    original, client, starting = subprocess.run, [Client(served)] if served else [], threading.Lock()
 
     def started():
         with starting:  # one warm interpreter, whichever thread calls first
@@ -212,8 +216,9 @@ def install():
     subprocess.run = run
 
 
-def child(request, fds, logging_calls):
-    """Become the requested program (standard streams ``fds``); never returns."""
+def child(request, fds, logging_calls, served):
+    """Become the requested program (standard streams ``fds``), its own ``subprocess.run`` served
+    by the warm interpreter of directory ``served``; never returns."""
     import random
     import runpy
     import traceback
@@ -224,6 +229,7 @@ def child(request, fds, logging_calls):
 
     code = 1
     configure_logging_at_first_fairseq_import(logging_calls)
+    install(served)
     random.seed()  # the generators as a fresh process seeds them, not as the fork left them
     np.random.seed()
     torch.seed()
@@ -339,7 +345,7 @@ def serve(path):
             pid = os.fork()
             if pid == 0:
                 connection.close()
-                child(json.loads(message), fds, logging_calls)
+                child(json.loads(message), fds, logging_calls, os.path.dirname(path))
             for fd in fds:
                 os.close(fd)
             connection.send(str(pid).encode())
