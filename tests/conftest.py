@@ -56,9 +56,11 @@ def pytest_runtest_protocol(item, nextitem):
     variables read at import they no longer match, start them afresh."""
     environment = dict(os.environ)
     yield
-    if os.environ != environment:
-        os.environ.clear()
-        os.environ.update(environment)
+    for name in {*os.environ, *environment}:  # only those that differ: never an empty environment
+        if name not in environment:
+            del os.environ[name]
+        elif os.environ.get(name) != environment[name]:
+            os.environ[name] = environment[name]
 
 
 def run(cmd, cwd=None, env=None, timeout=600, input=None):

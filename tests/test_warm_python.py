@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import conftest
 import warm_python
 
 PROGRAM = """
@@ -106,12 +107,16 @@ def test_a_warm_child_is_forked_seeded_anew_and_shuts_down_as_the_interpreter_do
 
 
 def test_a_variable_a_library_sets_for_good_in_a_test_is_undone_after_it():
-    os.environ["PYTHONWARNINGS"] = "ignore:semaphore_tracker:UserWarning"  # as fairseq's data loader sets it
-
-
-def test_so_the_next_tests_commands_are_still_served_warm():
-    assert os.environ.get("PYTHONWARNINGS") == warm_python.SERVER_ENV.get("PYTHONWARNINGS")
-    assert warm_python.serves([sys.executable, "program.py"], None)
+    """conftest's ``pytest_runtest_protocol`` around a test that sets an import-time variable, as
+    fairseq's data loader sets PYTHONWARNINGS: afterwards the warm interpreter still serves."""
+    before = os.environ.get("PYTHONWARNINGS")
+    protocol = conftest.pytest_runtest_protocol(item=None, nextitem=None)
+    next(protocol)
+    os.environ["PYTHONWARNINGS"] = "ignore:semaphore_tracker:UserWarning"
+    assert not warm_python.serves([sys.executable, "program.py"], None)
+    with pytest.raises(StopIteration):
+        next(protocol)
+    assert os.environ.get("PYTHONWARNINGS") == before and warm_python.serves([sys.executable, "program.py"], None)
 
 
 def test_a_bash_scripts_python_programs_are_served_warm_and_exit_as_they_would_fresh(tmp_path, monkeypatch):
@@ -121,7 +126,8 @@ def test_a_bash_scripts_python_programs_are_served_warm_and_exit_as_they_would_f
     (tmp_path / "program.py").write_text("import os, sys\nprint(os.getppid(), sys.argv[1:], os.getcwd())\n"
                                          "sys.exit(int(sys.argv[1]))\n")
     script = ('echo $$; python program.py 0 a; "$VENV/bin/python" -c "import os, sys; print(os.getppid(), sys.argv[1:])" b; '
-              'python program.py 4 || echo "exit $?"; fairseq-train --help > /dev/null && echo trained')
+              'python program.py 4 || echo "exit $?"; python -c "import os; os.kill(os.getpid(), 9)" || echo "exit $?"; '
+              'fairseq-train --help > /dev/null && echo trained')
     env = {**os.environ, "VENV": sys.prefix, "PATH": os.pathsep.join([warm_python.BIN, os.environ["PATH"]])}
     (warm, warm_out, _), (fresh, fresh_out, _) = both(monkeypatch, ["bash", "-c", script], cwd=tmp_path, env=env,
                                                     capture_output=True, text=True)
@@ -130,7 +136,7 @@ def test_a_bash_scripts_python_programs_are_served_warm_and_exit_as_they_would_f
     assert warm == fresh == 0 and all(parent != shell for parent in parents)
     without_parents = lambda out: [re.sub(r"^\d+ ", "", line) for line in out.splitlines()[1:]]
     assert without_parents(warm_out) == without_parents(fresh_out) == [
-        f"['0', 'a'] {tmp_path}", "['b']", f"['4'] {tmp_path}", "exit 4", "trained"]
+        f"['0', 'a'] {tmp_path}", "['b']", f"['4'] {tmp_path}", "exit 4", "exit 137", "trained"]
 
 
 def test_a_served_programs_own_python_commands_are_served_too(tmp_path, monkeypatch):

@@ -7,9 +7,9 @@ a command that runs a Python program of this environment (fairseq's console scri
 ``python script.py``, ``python -m module``, ``python -c code``) runs as a child forked from one
 interpreter that has imported those libraries once, this module run as ``python warm_python.py
 SOCKET``. A ``bash`` command (the recipes) finds shims of this environment's ``python`` and
-``fairseq-*`` first on its PATH, and in VENV or PYTHON where those name this environment: they
-pass such programs to the same interpreter (:func:`shim`), and so does a served program's own
-``subprocess.run``. Every other command, and every ``subprocess.Popen``, runs as before.
+``fairseq-*`` before this environment's bin on its PATH, and in VENV where that names this
+environment: they pass such programs to the same interpreter (:func:`shim`), and so does a served
+program's own ``subprocess.run``. Every other command, and every ``subprocess.Popen``, runs as before.
 
 The child becomes the program as a fresh process would: the same argv, environment, working
 directory, standard streams (their file descriptors are passed over the socket) and exit status
@@ -29,6 +29,7 @@ command whose environment gives a variable read at import (``IMPORT_TIME_PREFIXE
 than the warm interpreter's runs as a fresh process, and so does every command when
 ``WIDEARCH_TEST_FRESH_PROCESSES=1`` (in this process's environment or the command's)."""
 import atexit
+import contextlib
 import io
 import json
 import os
@@ -114,7 +115,8 @@ class Client:
         os.makedirs(self.shims)
         for name in os.listdir(BIN):
             path, target = os.path.join(self.venv, "bin", name), os.path.join(BIN, name)
-            if name == "python" or name.startswith("fairseq-"):
+            # python3 too: a link to it would not find this virtualenv (no pyvenv.cfg here)
+            if name.startswith(("python", "fairseq-")):
                 with open(path, "w") as f:  # -S: the shim needs the standard library alone
                     f.write(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {os.path.dirname(__file__)!r})\n"
                             f"import warm_python\nwarm_python.shim({target!r})\n")
@@ -125,14 +127,13 @@ class Client:
 
     def bash_env(self, env):
         """``env`` for a bash script: the shims before this virtualenv's bin where PATH has it, and
-        in VENV or PYTHON where those name this virtualenv or its interpreter; the shims' socket."""
+        in VENV where that names this virtualenv; the shims' socket."""
         env = dict(os.environ if env is None else env)
-        path = env.get("PATH", "").split(os.pathsep)
-        env["PATH"] = os.pathsep.join(d for entry in path for d in ([self.shims, entry] if entry == BIN else [entry]))
+        if "PATH" in env:
+            path = env["PATH"].split(os.pathsep)
+            env["PATH"] = os.pathsep.join(d for entry in path for d in ([self.shims, entry] if entry == BIN else [entry]))
         if env.get("VENV") and os.path.realpath(env["VENV"]) == os.path.realpath(sys.prefix):
             env["VENV"] = self.venv
-        if env.get("PYTHON") == sys.executable:
-            env["PYTHON"] = os.path.join(self.venv, "bin", "python")
         env["WIDEARCH_WARM_SOCKET"] = self.socket
         return env
 
@@ -142,14 +143,18 @@ def shim(target):
     ``$WIDEARCH_WARM_SOCKET`` names where it serves it, else ``target`` itself; exits as it exits."""
     args = [target, *sys.argv[1:]]
     code = None
-    if os.environ.get("WIDEARCH_TEST_FRESH_PROCESSES") != "1" and serves(args, None):
-        code = call(os.environ["WIDEARCH_WARM_SOCKET"], args, None, None, [0, 1, 2], None,
-                    on_signal=(signal.SIGINT, signal.SIGTERM))
+    if os.environ.get("WIDEARCH_TEST_FRESH_PROCESSES") != "1" and "WIDEARCH_WARM_SOCKET" in os.environ \
+            and serves(args, None):
+        with contextlib.suppress(ConnectionError, FileNotFoundError):  # the warm interpreter has ended
+            code = call(os.environ["WIDEARCH_WARM_SOCKET"], args, None, None, [0, 1, 2], None,
+                        on_signal=(signal.SIGINT, signal.SIGTERM))
     if code is None:
         os.execv(target, args)
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+    if code < 0:  # ended by a signal: end by it too (SIGKILL's handler cannot be set, nor need be)
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
+        os._exit(128 - code)  # a signal whose default is to be ignored: the shell's status for it
     os._exit(code)
 
 
@@ -169,7 +174,7 @@ def install(served=None):
         plain = dict(stdin=stdin, input=input, stdout=stdout, stderr=stderr, capture_output=capture_output,
                      timeout=timeout, check=check, env=env, cwd=cwd, text=text, encoding=encoding, errors=errors,
                      universal_newlines=universal_newlines, **other)
-        fresh = (os.environ if env is None else env).get("WIDEARCH_TEST_FRESH_PROCESSES") == "1"
+        fresh = "1" in (os.environ.get("WIDEARCH_TEST_FRESH_PROCESSES"), (env or {}).get("WIDEARCH_TEST_FRESH_PROCESSES"))
         if isinstance(args, (str, bytes)) or other or fresh:
             return original(args, **plain)
         if not serves([os.fspath(a) for a in args], env):

@@ -10,7 +10,7 @@ utilization u_l = q(z_l = 1) = σ(α_l) of each layer l (rows) after each number
 
 Raises:
     SystemExit: if no checkpoint is found, one is not a latent-depth model, or matplotlib is not
-        installed (``pip install fairseq-widearch[plots]``), naming the file.
+        installed (``pip install -e '.[plots]'`` in the checkout), naming the file.
 """
 import argparse
 import sys

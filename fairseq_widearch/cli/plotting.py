@@ -13,7 +13,7 @@ def pyplot():
     try:
         import matplotlib
     except ImportError:
-        sys.exit("error: plotting needs matplotlib: pip install fairseq-widearch[plots]")
+        sys.exit("error: plotting needs matplotlib: pip install -e '.[plots]' in the checkout")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

@@ -185,7 +185,7 @@ class GlobalAttentionLogits(nn.Module):
         return reorder_cache(self, incremental_state, new_order, static=not self.self_attention)
 
 
-#: How ``PartialAttention`` computes its attention (docs/partialformer.md, "Speed").
+#: How ``PartialAttention`` computes its attention (docs/partialformer.md, "Attention kernel").
 KERNELS = ("auto", "explicit", "sdpa")
 
 
