@@ -120,9 +120,9 @@ def test_a_variable_a_library_sets_for_good_in_a_test_is_undone_after_it():
 
 
 def test_a_bash_scripts_python_programs_are_served_warm_and_exit_as_they_would_fresh(tmp_path, monkeypatch):
-    """bash finds the shims before this environment's bin on PATH and in VENV: python (``-c``, ``-m``, a script) and
-    fairseq's commands run warm (the program's parent is not the shell), with the shell's streams,
-    working directory and exit statuses."""
+    """bash finds the shims before this environment's bin on PATH and in VENV: python (``-c``, a
+    script) and fairseq's commands run warm (the program's parent is not the shell), with the
+    shell's streams, working directory and exit statuses, a signal's included."""
     (tmp_path / "program.py").write_text("import os, sys\nprint(os.getppid(), sys.argv[1:], os.getcwd())\n"
                                          "sys.exit(int(sys.argv[1]))\n")
     script = ('echo $$; python program.py 0 a; "$VENV/bin/python" -c "import os, sys; print(os.getppid(), sys.argv[1:])" b; '

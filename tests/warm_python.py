@@ -9,7 +9,8 @@ interpreter that has imported those libraries once, this module run as ``python 
 SOCKET``. A ``bash`` command (the recipes) finds shims of this environment's ``python`` and
 ``fairseq-*`` before this environment's bin on its PATH, and in VENV where that names this
 environment: they pass such programs to the same interpreter (:func:`shim`), and so does a served
-program's own ``subprocess.run``. Every other command, and every ``subprocess.Popen``, runs as before.
+program's own ``subprocess.run``. Every other command, and every ``subprocess.Popen``, runs as
+before.
 
 The child becomes the program as a fresh process would: the same argv, environment, working
 directory, standard streams (their file descriptors are passed over the socket) and exit status
@@ -24,10 +25,10 @@ exit handlers run). What it cannot do as a fresh process does: its string hash s
 interpreter's (PYTHONHASHSEED is read at start-up), warnings raised by the libraries' imports are
 not repeated on its stderr, files it leaves open are not flushed by a final collection, and the
 native libraries' own exit (their static destructors) does not run: a test of how a process exits
-asks for a fresh one. A
-command whose environment gives a variable read at import (``IMPORT_TIME_PREFIXES``) other values
-than the warm interpreter's runs as a fresh process, and so does every command when
-``WIDEARCH_TEST_FRESH_PROCESSES=1`` (in this process's environment or the command's)."""
+asks for a fresh one. A command whose environment gives a variable read at import
+(``IMPORT_TIME_PREFIXES``) other values than the warm interpreter's runs as a fresh process, and
+so does every command when ``WIDEARCH_TEST_FRESH_PROCESSES=1`` (in this process's environment or
+the command's)."""
 import atexit
 import contextlib
 import io
