@@ -172,16 +172,16 @@ def tiny_checkpoint(tmp_path_factory, multi30k_bin):
     return get
 
 
-def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp"):
+def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp", worker="ddp_worker.py"):
     """Train ``arch`` with 2 CPU data-parallel ranks (gloo; ``backend`` legacy_ddp, or pytorch_ddp:
     PyTorch's DistributedDataParallel, fairseq's GPU default, with ``device_ids=None`` and no
-    unused-parameter search), each saving its own checkpoint. Returns (the two ranks' final
-    state dicts, their outputs)."""
+    unused-parameter search), each saving its own checkpoint; ``worker``: the entry point in
+    tests/helpers. Returns (the two ranks' final state dicts, their outputs)."""
     port = 29500 + (abs(hash((arch, backend, *map(str, extra)))) % 1000)
     commands = []
     for rank in range(2):
         (tmp_path / f"rank{rank}").mkdir()  # fairseq creates the save dir on the master only
-        cmd = [sys.executable, REPO / "tests" / "helpers" / "ddp_worker.py", data,
+        cmd = [sys.executable, REPO / "tests" / "helpers" / worker, data,
                "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", tmp_path / f"rank{rank}",
                "--max-update", max_update, "--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001",
                "--max-tokens", "512", "--seed", "1", "--disable-validation", "--no-epoch-checkpoints",

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import BIN, REPO, TRAIN_FLAGS, criterion_for, free_port, run, train
+from conftest import BIN, REPO, TRAIN_FLAGS, criterion_for, ddp_train, free_port, run, train
 
 #: The fault comes two updates after a checkpoint: the faulty rank cannot start the second before
 #: rank 0 has written the checkpoint (the first's gradients wait for rank 0 in the all-reduce).
@@ -35,13 +35,22 @@ def torchrun(data, save, **fault):
            *(["--heartbeat-timeout", HEARTBEAT] if fault.get("fault") == "stop" else []), "--save-dir", save]
     proc = run(cmd, env=env, timeout=300)
     out = proc.stdout + proc.stderr  # the batches; fairseq's and torchrun's logs
-    batches = {(int(a), int(r), int(u)): ids for a, r, u, ids in re.findall(r"^\| batch (\d) (\d) (\d+) (\S+)$", out, re.M)}
-    return torch.load(save / "checkpoint_last.pt", weights_only=False), batches, out
+    return torch.load(save / "checkpoint_last.pt", weights_only=False), batches_in(out), out
+
+
+def batches_in(out):
+    return {(int(a), int(r), int(u)): ids for a, r, u, ids in re.findall(r"^\| batch (\d) (\d) (\d+) (\S+)$", out, re.M)}
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(multi30k_bin, tmp_path_factory):
-    return torchrun(multi30k_bin, tmp_path_factory.mktemp("uninterrupted"))
+    """The same training, its two ranks started by hand (tests/test_torchrun.py: as under torchrun)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        states, outs = ddp_train(multi30k_bin, tmp_path_factory.mktemp("uninterrupted"), "widenet_tiny",
+                                 "--dropout", 0.1, "--save-interval-updates", CHECKPOINT_EVERY,
+                                 max_update=UPDATES, worker="faulty_worker.py")
+    return states[0], batches_in("".join(outs))
 
 
 @pytest.mark.slow
@@ -49,12 +58,12 @@ def uninterrupted(multi30k_bin, tmp_path_factory):
 def test_a_lost_worker_restarts_the_group_which_resumes_and_ends_as_an_uninterrupted_run(
         fault, uninterrupted, multi30k_bin, tmp_path):
     state, batches, out = torchrun(multi30k_bin, tmp_path, fault=fault, fault_rank=1, fault_update=FAULT_AT)
-    expected_state, expected_batches, _ = uninterrupted
+    expected_state, expected_batches = uninterrupted
     if fault == "stop":  # the hung worker's peer, waiting in a collective, ended by the heartbeat
         assert f"Killing job for not making progress in {HEARTBEAT} seconds" in out
     assert f"Loaded checkpoint {tmp_path}/checkpoint_last.pt (epoch 1 @ {CHECKPOINT_EVERY} updates)" in out
     assert state["optimizer_history"][-1]["num_updates"] == UPDATES
-    differ = [k for k in state["model"] if not torch.equal(state["model"][k], expected_state["model"][k])]
+    differ = [k for k in state["model"] if not torch.equal(state["model"][k], expected_state[k])]
     assert differ == []
     # each update trained on the uninterrupted run's batch: the first attempt's up to the fault, the
     # restart's from the checkpoint on; the batches after the checkpoint drawn again, nothing skipped

@@ -55,8 +55,10 @@ def torchrun_train(data, save, arch, *extra, max_update=3):
     return torch.load(save / "checkpoint_last.pt", weights_only=False)["model"], out
 
 
+#: widenet_tiny's case is tests/test_lost_worker.py's: under torchrun, with a worker lost and the group
+#: restarted, it ends with the parameters of its two ranks started by hand.
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", [arch for arch in TINY_ARCHS if arch != "widenet_tiny"])
 def test_every_tiny_preset_trains_under_torchrun_as_two_ranks_started_by_hand(arch, multi30k_bin, tmp_path,
                                                                              monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # both ways alike (torchrun would set it to 1)

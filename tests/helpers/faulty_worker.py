@@ -6,7 +6,8 @@ sends itself SIGKILL (dies) or SIGSTOP (hangs) as it starts update u. Every work
 sentence ids of each batch it starts training on, ``| batch <attempt> <rank> <update> <ids>``
 (update counted from 1), so that a test can tell what an interrupted run replayed or skipped.
 With ``FAULT=copy`` and ``FAULT_COPY`` n, the worker writes half of its n-th file copy (fairseq
-copies each saved checkpoint to ``checkpoint_last.pt``) and sends itself SIGKILL."""
+copies each saved checkpoint to ``checkpoint_last.pt``) and sends itself SIGKILL. Started by hand
+(conftest.ddp_train), not by torchrun, it is also tests/helpers/ddp_worker.py: every rank saves."""
 import os
 import shutil
 import signal
@@ -14,6 +15,9 @@ import sys
 
 from fairseq.trainer import Trainer
 from fairseq_cli.train import cli_main
+
+if "TORCHELASTIC_RESTART_COUNT" not in os.environ and "--distributed-rank" in sys.argv:
+    import ddp_worker  # noqa: F401  (its patches: every rank saves its checkpoint)
 
 train_step = Trainer.train_step
 
