@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import Tensor
 
 from ..checkpoint_loading import CONFIG_UPGRADES
+from ..modules.batched_linear import casts_once
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.moe import (DISPATCH, EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, SLOTS, ExpertForm, Experts,
                            MoELayer, Routing, TopKRouter)
@@ -407,12 +408,13 @@ class WideNetEncoder(LayerLoopEncoder):
 
     def run_layers(self, x, padding_mask, states, src_tokens):
         groups = RoutingGroups(len(self.layers), self.routing_groups)
-        for i, layer in enumerate(self.layers):
-            reuse = groups.for_layer(i)
-            x, *routing = layer(x, padding_mask, *reuse)
-            groups.record(routing, reused=bool(reuse))
-            if states is not None:
-                states.append(x)
+        with casts_once(self.layers):  # the shared experts cast once, not once per block
+            for i, layer in enumerate(self.layers):
+                reuse = groups.for_layer(i)
+                x, *routing = layer(x, padding_mask, *reuse)
+                groups.record(routing, reused=bool(reuse))
+                if states is not None:
+                    states.append(x)
         return x, groups.aux
 
 
@@ -435,13 +437,14 @@ class WideNetDecoder(LayerLoopDecoder):
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                    self_attn_padding_mask, padding_mask, inner_states, encoder_aux, alignment_layer):
         groups, aux = RoutingGroups(len(self.layers), self.routing_groups), {}
-        for i, layer in enumerate(self.layers):
-            reuse = groups.for_layer(i)
-            x, attn, *routing = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                                      self_attn_padding_mask, i == alignment_layer, *reuse)
-            groups.record(routing, reused=bool(reuse))
-            aux.update(alignment_weights(attn))
-            inner_states.append(x)
+        with casts_once(self.layers):
+            for i, layer in enumerate(self.layers):
+                reuse = groups.for_layer(i)
+                x, attn, *routing = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                                          self_attn_padding_mask, i == alignment_layer, *reuse)
+                groups.record(routing, reused=bool(reuse))
+                aux.update(alignment_weights(attn))
+                inner_states.append(x)
         return x, {**groups.aux, **aux}
 
 

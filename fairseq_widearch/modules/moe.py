@@ -319,7 +319,8 @@ class Experts(nn.Module, ExpertForm):
         ``offsets[i]`` (``(E,)`` int32, the last below M), ``group`` ``(M,)`` each row's expert, E past
         the last group -> ``(M, d)``; the rows past ``offsets[-1]`` are left undefined
         (``BatchedLinear.grouped``)."""
-        return self.ffn(rows, lambda layer, h: layer.grouped(h, offsets, group))
+        member = group[:, None] == torch.arange(self.fc1.weight.shape[0], device=group.device)  # (M, E)
+        return self.ffn(rows, lambda layer, h: layer.grouped(h, offsets, member))
 
 
 #: The released code's expert biases: Keras' RandomNormal(stddev=1e-6).

@@ -1,5 +1,6 @@
 """widenet (Xue et al. 2022): sharing across blocks, ablations, routing groups, criterion, configs,
 the experts and router as the released code builds them."""
+import contextlib
 import json
 import math
 import re
@@ -247,6 +248,38 @@ def test_every_moe_candidate_trains_the_model_as_the_default(candidate):
     assert grads.keys() == ref_grads.keys()
     for name, grad in ref_grads.items():
         torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def expert_weight_casts(model, src, lengths, prev):
+    """The casts of an expert weight (fp32 -> bf16, 3-D) in a forward + backward under bf16 autocast."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    shapes = {tuple(m.weight.shape) for m in model.modules() if type(m).__name__ == "BatchedLinear"}
+    casts = []
+
+    class Casts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and tuple(args[0].shape) in shapes and \
+                    args[0].dtype == torch.float32 and kwargs.get("dtype") == torch.bfloat16:
+                casts.append(tuple(args[0].shape))
+            return func(*args, **kwargs)
+
+    with Casts(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, extra = model(src, lengths, prev)
+        logits.float().mean().backward()
+    return len(casts)
+
+
+def test_grouped_casts_the_shared_experts_once_per_forward_pass_under_autocast(monkeypatch):
+    """fairseq's ``--amp`` (fp32 parameters, bf16 autocast here): each stack's experts, shared by all
+    its blocks, cast to bf16 once per forward pass (two layers, encoder and decoder: four casts),
+    not once per block (``casts_once``; F.grouped_mm is outside autocast's own cast cache)."""
+    from fairseq_widearch.models import widenet
+    torch.manual_seed(0)
+    model = make_model("--moe-dispatch", "grouped").train()
+    assert expert_weight_casts(model, *batch()) == 4
+    monkeypatch.setattr(widenet, "casts_once", lambda module: contextlib.nullcontext())
+    assert expert_weight_casts(model, *batch()) == 2 * (3 + 2)  # each block's call
 
 
 @torch.no_grad()
