@@ -70,7 +70,7 @@ def run_setting(args, checkpoint: bool) -> dict:
             "seconds_per_step": round(seconds, 2), "params": sum(p.numel() for p in model.parameters())}
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="multipath_transformer_6l_8p")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -79,13 +79,13 @@ def main():
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--setting", choices=["plain", "checkpoint"], help=argparse.SUPPRESS)  # one child run
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.setting:
         print(json.dumps(run_setting(args, args.setting == "checkpoint")))
         return
     results = {}
     for setting in ("plain", "checkpoint"):
-        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--setting", setting], check=True,
+        out = subprocess.run([sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--setting", setting], check=True,
                              capture_output=True, text=True).stdout
         results[setting] = json.loads(out.strip().splitlines()[-1])
         print(f"{args.arch} {setting:10s} peak {results[setting]['peak_mib']} MiB, activations "

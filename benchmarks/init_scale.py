@@ -183,7 +183,7 @@ def summary(scales: dict) -> dict:
             "block_rms_by_stack": by_kind(scales["block_rms"], part=0)}
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--updates", type=int, default=450)
@@ -192,7 +192,7 @@ def main():
                         default="partialformer")
     parser.add_argument("--flags", default="", help="extra flags of the system")
     parser.add_argument("--seed", type=int, default=1, help="training seed of both systems")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     dictionary = Dictionary.load(str(args.data / "dict.en.txt"))
     batch = validation_batch(args.data, dictionary, args.sentences)
     systems = {"transformer": SYSTEMS["transformer"], args.system: [*SYSTEMS[args.system], *shlex.split(args.flags)]}

@@ -208,7 +208,7 @@ def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp", 
     PyTorch's DistributedDataParallel, fairseq's GPU default, with ``device_ids=None`` and no
     unused-parameter search), each saving its own checkpoint; ``worker``: the entry point in
     tests/helpers. Returns (the two ranks' final state dicts, their outputs)."""
-    port = 29500 + (abs(hash((arch, backend, *map(str, extra)))) % 1000)
+    port = free_port()
     commands = []
     for rank in range(2):
         (tmp_path / f"rank{rank}").mkdir()  # fairseq creates the save dir on the master only

@@ -1,6 +1,6 @@
 """Every command the manual shows runs as written: each ``fairseq-train``, ``fairseq-generate``,
 ``fairseq-interactive``, ``fairseq-preprocess``, ``python -m fairseq_widearch...``, ``python
-examples/...`` and ``bash examples/...`` invocation in README.md, docs/**/*.md and examples/**/*.sh
+examples/...``, ``python benchmarks/...`` and ``bash examples/...`` invocation in README.md, docs/**/*.md and examples/**/*.sh
 is extracted (line continuations joined, shell variables given test values) and parsed by the parser
 that will read it: fairseq's own, with the plugin's architectures, tasks and criteria registered as
 ``--user-dir`` registers them (the keys of ``--model-overrides`` checked against the plugin's model
@@ -106,6 +106,8 @@ class Shell:
         if not match or " " in match.group(1):
             return False
         name, append, value = match.groups()
+        if not value.startswith(("(", "$(", "`")) and len(words(value)) > 1:  # `VAR=value program ...`
+            return False
         if name in TEST_VALUES and "$(" in value:  # computed at run time: the test's value stands
             return True
         if value.startswith("("):
@@ -150,8 +152,9 @@ def program(argv: List[str]) -> Optional[List[str]]:
             rest = argv[i + 1:]
             if rest[0] == "-m" and len(rest) > 1 and rest[1].startswith("fairseq_widearch"):
                 return ["-m", *rest[1:]]
-            if rest[0].endswith(".py") and "examples/" in rest[0]:
-                return ["script", rest[0].split("examples/", 1)[1], *rest[1:]]
+            tree = re.search(r"(?:^|/)((?:examples|benchmarks)/\S+\.py)$", rest[0])
+            if tree:
+                return ["script", tree.group(1), *rest[1:]]
             return None
         if name == "bash" and len(argv) > i + 1 and "examples/" in argv[i + 1]:
             return ["bash", argv[i + 1].split("examples/", 1)[1], *argv[i + 2:]]
@@ -300,9 +303,9 @@ def fairseq_error(tool: str, argv: List[str]) -> Optional[str]:
 
 
 def script_main(relative: str):
-    """The ``main`` of an example script, loaded with its directory importable (as ``python script``
-    runs it)."""
-    path = REPO / "examples" / relative
+    """The ``main`` of an example or benchmark script (``relative`` to the checkout), loaded with its
+    directory importable (as ``python script`` runs it)."""
+    path = REPO / relative
     sys.path.insert(0, str(path.parent))
     try:
         spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -379,8 +382,8 @@ def error_of(command: Command) -> Optional[str]:
         module = importlib.import_module(rest[0])
         return argparse_error(lambda: module.main(rest[1:]))
     if kind == "script":
-        if not (REPO / "examples" / rest[0]).exists():
-            return f"examples/{rest[0]} does not exist"
+        if not (REPO / rest[0]).exists():
+            return f"{rest[0]} does not exist"
         return argparse_error(lambda: script_main(rest[0])(rest[1:]))
     return wrapper_error(rest[0], rest[1:])
 

@@ -23,9 +23,10 @@ def inferred(monkeypatch, env, **flags):
 
 
 def test_torchrun_workers_take_world_size_rank_and_device_from_its_variables(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # a CPU machine, whatever this one has
     cfg = inferred(monkeypatch, TORCHRUN)  # the default world size: the local GPUs, at least 1
     assert (cfg.distributed_init_method, cfg.distributed_world_size, cfg.distributed_rank) == ("env://", 4, 3)
-    assert cfg.device_id == 1 and cfg.distributed_no_spawn  # LOCAL_RANK, not RANK % the GPUs (none here)
+    assert cfg.device_id == 1 and cfg.distributed_no_spawn  # LOCAL_RANK, not RANK % the GPUs (none)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # a launcher that gives each worker its own GPU
     assert inferred(monkeypatch, TORCHRUN, distributed_world_size=4).device_id == 0
     assert inferred(monkeypatch, TORCHRUN, distributed_world_size=4).distributed_world_size == 4
