@@ -1,9 +1,9 @@
 """A data-parallel training that loses a worker mid-epoch, after a checkpoint, under ``torchrun
---max-restarts 1``: a worker killed (SIGKILL) or hung (SIGSTOP, ended by ``--heartbeat-timeout``:
-``fairseq_widearch.fairseq_fixes.heartbeat_ends_a_hung_job``) makes torchrun restart the group,
-fairseq resumes from checkpoint_last.pt, and the run ends at ``--max-update`` with the parameters
-of an uninterrupted run, every batch trained once (tests/helpers/faulty_worker.py makes the fault
-and prints each batch's sentences)."""
+--max-restarts``: a worker killed (SIGKILL), then, in the restarted group, one hung (SIGSTOP,
+ended by ``--heartbeat-timeout``: ``fairseq_widearch.fairseq_fixes.heartbeat_ends_a_hung_job``);
+each time torchrun restarts the group, fairseq resumes from checkpoint_last.pt, and the run ends
+at ``--max-update`` with the parameters of an uninterrupted run, every batch trained once
+(tests/helpers/faulty_worker.py makes the faults and prints each batch's sentences)."""
 import os
 import re
 import subprocess
@@ -14,26 +14,29 @@ import torch
 
 from conftest import BIN, REPO, TRAIN_FLAGS, criterion_for, ddp_train, free_port, run, train
 
-#: The fault comes two updates after a checkpoint: the faulty rank cannot start the second before
+#: Each fault comes two updates after a checkpoint: the faulty rank cannot start the second before
 #: rank 0 has written the checkpoint (the first's gradients wait for rank 0 in the all-reduce).
-UPDATES, CHECKPOINT_EVERY, FAULT_AT = 6, 2, 4
+#: Rank 1 is killed as it starts update 4 in the first attempt, and hangs as it starts update 6 in
+#: the second; the third ends the run.
+UPDATES, CHECKPOINT_EVERY, FAULTS = 8, 2, (("kill", 4), ("stop", 6))
 HEARTBEAT = 5  # seconds
 
 
-def torchrun(data, save, **fault):
-    """Two gloo workers of widenet_tiny under torchrun (c10d rendezvous, one restart allowed); the
-    model's final parameters and, per (attempt, rank, update), the sentence ids its batch holds."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-           **{k.upper(): str(v) for k, v in fault.items()}}
-    cmd = [BIN / "torchrun", "--nproc-per-node", 2, "--max-restarts", 1, "--rdzv-backend", "c10d",
+def torchrun(data, save):
+    """Two gloo workers of widenet_tiny under torchrun (c10d rendezvous, a restart per fault,
+    ``--heartbeat-timeout HEARTBEAT``), rank 1 failing as ``FAULTS`` says; the final checkpoint,
+    per (attempt, rank, update) the sentence ids its batch held, and the output."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "FAULT_RANK": "1",
+           "FAULTS": ",".join(f"{fault}@{update}" for fault, update in FAULTS)}
+    cmd = [BIN / "torchrun", "--nproc-per-node", 2, "--max-restarts", len(FAULTS), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", REPO / "tests" / "helpers" / "faulty_worker.py", data,
            "--user-dir", REPO / "fairseq_widearch", "--arch", "widenet_tiny",
            "--criterion", "moe_label_smoothed_cross_entropy", "--cpu", "--distributed-backend", "gloo",
            "--ddp-backend", "legacy_ddp", "--num-workers", 0, "--optimizer", "adam", "--lr", 0.001,
            "--max-tokens", 512, "--seed", 1, "--dropout", 0.1, "--disable-validation", "--no-epoch-checkpoints",
-           "--save-interval-updates", CHECKPOINT_EVERY, "--max-update", UPDATES,
-           *(["--heartbeat-timeout", HEARTBEAT] if fault.get("fault") == "stop" else []), "--save-dir", save]
-    proc = run(cmd, env=env, timeout=300)
+           "--save-interval-updates", CHECKPOINT_EVERY, "--max-update", UPDATES, "--heartbeat-timeout", HEARTBEAT,
+           "--save-dir", save]
+    proc = run(cmd, env=env, timeout=300)  # a hung group the heartbeat did not end fails here
     out = proc.stdout + proc.stderr  # the batches; fairseq's and torchrun's logs
     return torch.load(save / "checkpoint_last.pt", weights_only=False), batches_in(out), out
 
@@ -54,26 +57,31 @@ def uninterrupted(multi30k_bin, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["kill", "stop"])
-def test_a_lost_worker_restarts_the_group_which_resumes_and_ends_as_an_uninterrupted_run(
-        fault, uninterrupted, multi30k_bin, tmp_path):
-    state, batches, out = torchrun(multi30k_bin, tmp_path, fault=fault, fault_rank=1, fault_update=FAULT_AT)
+def test_a_killed_then_a_hung_worker_restart_the_group_which_resumes_and_ends_as_an_uninterrupted_run(
+        uninterrupted, multi30k_bin, tmp_path):
+    """Each fault makes torchrun restart the group (the hung worker's peer, waiting in the
+    all-reduce, ended by the heartbeat: without it, gloo's 30 minutes, past this test's timeout),
+    fairseq resumes from the last checkpoint each time, and the run ends with the uninterrupted
+    run's parameters, every update trained on its batch."""
+    state, batches, out = torchrun(multi30k_bin, tmp_path)
     expected_state, expected_batches = uninterrupted
-    if fault == "stop":  # the hung worker's peer, waiting in a collective, ended by the heartbeat
-        assert f"Killing job for not making progress in {HEARTBEAT} seconds" in out
-    assert f"Loaded checkpoint {tmp_path}/checkpoint_last.pt (epoch 1 @ {CHECKPOINT_EVERY} updates)" in out
+    assert f"Killing job for not making progress in {HEARTBEAT} seconds" in out
+    for attempt, (_, update) in enumerate(FAULTS, 1):
+        resumed_at = update - CHECKPOINT_EVERY
+        assert f"Loaded checkpoint {tmp_path}/checkpoint_last.pt (epoch 1 @ {resumed_at} updates)" in out, attempt
     assert state["optimizer_history"][-1]["num_updates"] == UPDATES
     differ = [k for k in state["model"] if not torch.equal(state["model"][k], expected_state[k])]
     assert differ == []
-    # each update trained on the uninterrupted run's batch: the first attempt's up to the fault, the
-    # restart's from the checkpoint on; the batches after the checkpoint drawn again, nothing skipped
+    # each attempt trained from its checkpoint on, up to its fault (the faulty rank's peer may fail
+    # before it draws that update's batch), every batch the uninterrupted run's of that update
+    starts = [1] + [update - CHECKPOINT_EVERY + 1 for _, update in FAULTS]
+    ends = [update for _, update in FAULTS] + [UPDATES]
     for rank in (0, 1):
-        first = {u: ids for (a, r, u), ids in batches.items() if a == 0 and r == rank}
-        again = {u: ids for (a, r, u), ids in batches.items() if a == 1 and r == rank}
-        assert set(range(1, FAULT_AT)) <= set(first) <= set(range(1, FAULT_AT + 1))  # the peer may die first
-        assert sorted(again) == list(range(CHECKPOINT_EVERY + 1, UPDATES + 1))
-        assert first == {u: expected_batches[(0, rank, u)] for u in first}
-        assert again == {u: expected_batches[(0, rank, u)] for u in again}
+        for attempt, (first, last) in enumerate(zip(starts, ends)):
+            drawn = {u: ids for (a, r, u), ids in batches.items() if a == attempt and r == rank}
+            full = attempt == len(FAULTS)
+            assert set(range(first, last + full)) <= set(drawn) <= set(range(first, last + 1)), (rank, attempt)
+            assert drawn == {u: expected_batches[(0, rank, u)] for u in drawn}, (rank, attempt)
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 """``fairseq-train`` as one torchrun worker that fails on purpose once, and prints what it trains on.
 
-With ``FAULT`` (``kill`` or ``stop``), ``FAULT_RANK`` r and ``FAULT_UPDATE`` u in the environment,
-the worker of rank r, in the group's first attempt (torchrun's ``TORCHELASTIC_RESTART_COUNT`` 0),
-sends itself SIGKILL (dies) or SIGSTOP (hangs) as it starts update u. Every worker prints the
+With ``FAULTS`` (``kill@u,stop@v,...``) and ``FAULT_RANK`` r in the environment, the worker of
+rank r, in the group's attempt i (torchrun's ``TORCHELASTIC_RESTART_COUNT``), makes the i-th fault:
+it sends itself SIGKILL (dies) or SIGSTOP (hangs) as it starts that update. Every worker prints the
 sentence ids of each batch it starts training on, ``| batch <attempt> <rank> <update> <ids>``
 (update counted from 1), so that a test can tell what an interrupted run replayed or skipped.
 With ``FAULT=copy`` and ``FAULT_COPY`` n, the worker writes half of its n-th file copy (fairseq
@@ -29,9 +29,9 @@ def printed_train_step(self, samples, raise_oom=False):
     # one write: under PYTHONUNBUFFERED, print's text and newline are two, which the peer's can split
     sys.stdout.write(f"| batch {attempt} {rank} {update} {','.join(map(str, ids))}\n")
     sys.stdout.flush()
-    fault = os.environ.get("FAULT")
-    if fault in ("kill", "stop") and attempt == 0 and rank == int(os.environ["FAULT_RANK"]) and update == int(os.environ["FAULT_UPDATE"]):
-        os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[fault])
+    faults = [f.split("@") for f in os.environ.get("FAULTS", "").split(",") if f]
+    if attempt < len(faults) and rank == int(os.environ["FAULT_RANK"]) and update == int(faults[attempt][1]):
+        os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[faults[attempt][0]])
     return train_step(self, samples, raise_oom)
 
 
