@@ -56,15 +56,21 @@ SPEED_SECONDS = 260
 
 def speed_commands(dry: bool) -> list:
     """(name, seconds allowed, argv) of every speed figure, most wanted first: the MoE layer against
-    its dense share with every candidate (8,192 and 16,384 tokens, fp16 and bf16, grouped in bf16
-    only, where it runs its own code; the compiled region apart, its compilation in its warm-up),
+    its dense share with every candidate (8,192 and 16,384 tokens, fp16 and bf16; grouped runs its
+    own code in bf16, and in fp16 is timed as torch's fallback; the compiled region apart, its
+    compilation in its warm-up),
     WideNet's utilisation in bf16 against its stock twin with every candidate, PartialFormer's three attention kernels in one model, its decoding per
     MAC."""
     moe = ["--dispatch", ",".join(MOE_CANDIDATES)]
+    # grouped runs padded outside bf16 (modules/moe.py, fast_grouped_mm): in fp16 its own code is
+    # timed as torch's fallback (+fallback), the loop over the experts the layer avoids
+    fallback = [f"{c}+fallback" for c in MOE_CANDIDATES if c.startswith("grouped")]
+    moe_fp16 = ["--dispatch", ",".join(f"{c}+fallback" if c.startswith("grouped") else c for c in MOE_CANDIDATES)]
     if dry:
         dev = ["--device", "cpu", "--dtype", "bf16"]
         return [("moe bf16 256 tokens", 120, [BENCH / "moe_throughput.py", *dev, "--tokens", "256", "--dim", "32",
-                                              "--ffn", "64", "--rounds", "1", "--repeats", "1", "--child", *moe]),
+                                              "--ffn", "64", "--rounds", "1", "--repeats", "1", "--child",
+                                              "--dispatch", ",".join([*MOE_CANDIDATES, *fallback])]),
                 ("moe compiled bf16 256 tokens", 200,
                  [BENCH / "moe_throughput.py", *dev, "--tokens", "256", "--dim", "32", "--ffn", "64", "--rounds", "1",
                   "--repeats", "1", "--child", "--dispatch", "padded,padded+compile", "--compile-backend", "aot_eager"]),
@@ -78,8 +84,6 @@ def speed_commands(dry: bool) -> list:
                 ("partialformer decoding bf16", 200,
                  [BENCH / "partialformer_speed.py", *dev, "--vocab", "500", "--batch-size", "1", "--batches", "1",
                   "--rounds", "1", "--src-len", "4", "--tgt-len", "4"])]
-    # grouped runs padded outside bf16 (modules/moe.py, fast_grouped_mm): timed in bf16 alone
-    moe_fp16 = ["--dispatch", ",".join(c for c in MOE_CANDIDATES if not c.startswith("grouped"))]
     commands = [(f"moe {dtype} {tokens} tokens", 20,
                  [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", dtype, "--tokens", tokens,
                   "--dim", "768", "--ffn", "3072", *(moe if dtype == "bf16" else moe_fp16)])

@@ -10,11 +10,16 @@ training visits every width), the others one. After ``--warmup`` steps,
 are counted over ``--steps`` steps, attributed to the Python line that made them, and divided by
 the passes. Then the same at inference, per decoding step: the model in eval mode, the encoder
 once and the decoder position by position with its incremental state, as fairseq-generate calls
-them. WideNet is counted with each of its dispatches. The last line is one JSON object: syncs per
-training pass and per decoding step for each system, and per system the ``file:line code`` sites
-with their syncs per pass or step.
+them. WideNet is counted with each of its dispatches, and with its MoE layers' calls per pass and
+per decoding step, so that a site in ``modules/`` gives its syncs per MoE call. ``--dtype`` casts
+the model as ``--fp16``/``--bf16`` do; with ``--autocast`` the parameters stay fp32 and the passes
+run under autocast in that dtype (fairseq's ``--amp`` is fp16 autocast). The last line is one JSON
+object: syncs per training pass and per decoding step for each system, MoE calls per pass and per
+step, and per system the ``file:line code`` sites with their syncs per pass or step.
 
-    python benchmarks/host_syncs.py [--batch-size 32] [--src-len 30] [--tgt-len 30] [--steps 3] [--dtype fp32|bf16]
+    python benchmarks/host_syncs.py [--batch-size 32] [--src-len 30] [--tgt-len 30] [--steps 3]
+        [--dtype fp32|fp16|bf16] [--autocast]
+    python benchmarks/host_syncs.py --systems "widenet,widenet permute,widenet grouped" --dtype bf16
 """
 import argparse
 import json
@@ -26,7 +31,8 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.model_builder import build_model
-from on_device import training_loss
+from fairseq_widearch.modules import MoELayer
+from on_device import DTYPES, training_loss
 
 PAD = 1  # fairseq's padding index
 SYSTEMS = {
@@ -40,7 +46,7 @@ SYSTEMS = {
     "latent_depth_transformer": ("latent_depth_transformer_multi30k", ["--decoder-layers", "12",
                                                                         "--latent-soft-updates", "0"]),
     "partialformer": ("partialformer_multi30k", []),
-    # WideNet's other dispatches (grouped runs its own code in --dtype bf16 only, else padded's)
+    # WideNet's other dispatches (grouped runs its own code in bf16 on a Hopper GPU alone, else padded's)
     **{f"widenet {dispatch}": ("widenet_multi30k", ["--moe-dispatch", dispatch])
        for dispatch in ("index", "permute", "grouped")},
 }
@@ -59,19 +65,28 @@ def site(warning) -> str:
     return f"{path}:{warning.lineno} {linecache.getline(warning.filename, warning.lineno).strip()}"
 
 
-def synchronisations(run, passes: int) -> tuple:
-    """``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` -> (syncs per pass, {"file:line
-    code": syncs per pass})."""
-    torch.cuda.synchronize()
+def synchronisations(model, run, passes: int) -> tuple:
+    """``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` (on CUDA) -> (syncs per pass,
+    {"file:line code": syncs per pass}, the model's MoE layer calls per pass)."""
+    cuda = next(model.parameters()).is_cuda
+    calls = Counter()
+    hooks = [m.register_forward_pre_hook(lambda *_: calls.update(["moe"])) for m in model.modules()
+             if isinstance(m, MoELayer)]
+    if cuda:
+        torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
         try:
             run()
         finally:
-            torch.cuda.set_sync_debug_mode("default")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+            for hook in hooks:
+                hook.remove()
     where = Counter(site(w) for w in caught if "synchroniz" in str(w.message))
-    return sum(where.values()) / passes, {k: v / passes for k, v in where.most_common()}
+    return sum(where.values()) / passes, {k: v / passes for k, v in where.most_common()}, calls["moe"] / passes
 
 
 def decode(model, batch, steps: int):
@@ -85,16 +100,17 @@ def decode(model, batch, steps: int):
 
 
 def count(arch, argv, args):
-    """-> (syncs per training pass, {"file:line code": syncs per pass}, syncs per decoding step,
-    {"file:line code": syncs per step})."""
+    """-> (syncs per training pass, {"file:line code": syncs per pass}, MoE calls per pass, syncs
+    per decoding step, {"file:line code": syncs per step}, MoE calls per step)."""
     torch.manual_seed(0)
-    model = build_model(arch, argv, vocab_size=args.vocab).cuda().train()
+    dtype = torch.float32 if args.autocast else DTYPES[args.dtype]
+    model = build_model(arch, argv, vocab_size=args.vocab).to(args.device, dtype).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     widths = args.widths if hasattr(model, "set_sample_config") else []
     bsz = args.batch_size
-    src, prev, target = (torch.randint(4, args.vocab, (bsz, n), device="cuda")
+    src, prev, target = (torch.randint(4, args.vocab, (bsz, n), device=args.device)
                          for n in (args.src_len, args.tgt_len, args.tgt_len))
-    lengths = torch.full((bsz,), args.src_len, device="cuda")
+    lengths = torch.full((bsz,), args.src_len, device=args.device)
     # padded as fairseq pads: one source 2 tokens shorter (left-padded), one target too (right)
     src[0, :2], lengths[0], prev[0, -2:], target[0, -2:] = PAD, args.src_len - 2, PAD, PAD
     batch = (src, lengths, prev, target)
@@ -104,15 +120,14 @@ def count(arch, argv, args):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
-    with autocast:
+    with torch.autocast(args.device, dtype=DTYPES[args.dtype], enabled=args.autocast):
         for _ in range(args.warmup):
             update()
-        training = synchronisations(lambda: [update() for _ in range(args.steps)],
+        training = synchronisations(model, lambda: [update() for _ in range(args.steps)],
                                     args.steps * max(len(widths), 1))
         model.eval()
         decode(model, batch, 2)  # warm-up
-        inference = synchronisations(lambda: decode(model, batch, args.tgt_len), args.tgt_len)
+        inference = synchronisations(model, lambda: decode(model, batch, args.tgt_len), args.tgt_len)
     return (*training, *inference)
 
 
@@ -126,23 +141,30 @@ def parser():
     p.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")], default=[64, 128, 192, 256])
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: under autocast")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="the model's dtype (as --fp16, --bf16)")
+    p.add_argument("--autocast", action="store_true",
+                   help="fp32 parameters, the passes under autocast in --dtype (--amp: fp16)")
+    # the tests' CPU run: every count but the syncs (sync debug mode is CUDA's)
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     return p
 
 
 def main(argv=None):
     p = parser()
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         p.error("needs a CUDA GPU (sync debug mode is CUDA's)")
-    result, sites, decoding, decoding_sites = {}, {}, {}, {}
+    result, sites, calls, decoding, decoding_sites, decoding_calls = {}, {}, {}, {}, {}, {}
     for name in args.systems.split(","):
         arch, flags = SYSTEMS[name]
-        result[name], sites[name], decoding[name], decoding_sites[name] = count(arch, flags, args)
+        (result[name], sites[name], calls[name], decoding[name], decoding_sites[name],
+         decoding_calls[name]) = count(arch, flags, args)
         print(f"{name:26s} {result[name]:6.1f} syncs per training pass, {decoding[name]:6.1f} per decoding step  "
               + "\n    ".join(f"x{v:g}  {k}" for k, v in {**sites[name], **decoding_sites[name]}.items()))
-    print(json.dumps({"syncs_per_pass": result, "sites": sites, "syncs_per_decoding_step": decoding,
-                      "decoding_sites": decoding_sites, "dtype": args.dtype, "device": torch.cuda.get_device_name()}))
+    print(json.dumps({"syncs_per_pass": result, "sites": sites, "moe_calls_per_pass": calls,
+                      "syncs_per_decoding_step": decoding, "decoding_sites": decoding_sites,
+                      "moe_calls_per_decoding_step": decoding_calls, "dtype": args.dtype, "autocast": args.autocast,
+                      "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device}))
 
 
 if __name__ == "__main__":

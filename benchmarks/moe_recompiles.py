@@ -1,20 +1,22 @@
 #!/usr/bin/env python
 """How often ``--moe-compile`` compiles: WideNet over real batches of one epoch, in the four ways a
-user runs it, counting the graphs ``torch._dynamo`` captured and the recompilations its guards
-asked for: training (fairseq's varying batch shapes, forward and backward through the task's
+user runs it, counting the graphs ``torch._dynamo`` captured: training (fairseq's varying batch shapes, forward and backward through the task's
 ``train_step``), a validation pass (the task's ``valid_step`` over the same batches, eval mode),
 batches without padding (each batch's sentences cut to its shortest source and target), and
 incremental decoding (the encoder once, then the decoder one target position at a time, 5
 hypotheses per sentence as beam search runs it). Shapes are marked dynamic, so a new batch shape
-should reuse a graph; the counts depend on dynamo's guards, not on the backend, so ``aot_eager``
-(graph capture without code generation) measures them in minutes on a CPU.
+should reuse a graph. A recompilation (a guard that failed) captures a new graph, so the graphs
+a phase captures after its first batch (its warm-up) count its recompilations: dynamo's own
+``counters["recompiles"]`` is never incremented in torch 2.13. The counts depend on dynamo's guards,
+not on the backend, so ``aot_eager`` (graph capture without code generation) measures them in
+minutes on a CPU.
 
     python benchmarks/moe_recompiles.py --data DATA_BIN [--arch widenet_multi30k] [--batches 0 (= the epoch)]
         [--backend aot_eager]
 
 The last line is one JSON object: batches, distinct batch shapes, and per phase (in the order
-above) the unique graphs and recompilations counted from its start, the recompilations after its
-first batch (its warm-up) and the graph breaks.
+above) the unique graphs captured from its start, those captured after its first batch
+(``graphs_after_warmup``: its recompilations) and the graph breaks.
 """
 import argparse
 import json
@@ -30,7 +32,6 @@ BEAM = 5
 
 def counts() -> dict:
     return {"unique_graphs": dynamo_utils.counters["stats"]["unique_graphs"],
-            "recompilations": sum(dynamo_utils.counters["recompiles"].values()),
             "graph_breaks": sum(dynamo_utils.counters["graph_break"].values())}
 
 
@@ -42,7 +43,7 @@ def phase(run, batches) -> dict:
     for batch in batches[1:]:
         run(batch)
     done = counts()
-    return {**done, "recompilations_after_warmup": done["recompilations"] - warm["recompilations"]}
+    return {**done, "graphs_after_warmup": done["unique_graphs"] - warm["unique_graphs"]}
 
 
 def unpadded(sample, pad: int) -> dict:

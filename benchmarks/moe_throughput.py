@@ -6,8 +6,10 @@ With capacity factor C, the E experts process up to K·C·N token slots for N to
 FFNs over the N tokens are the ideal cost; routing, dispatch and combine are the overhead. Both
 run in one process, alternating, on the same input. The last line is one JSON object with the
 figures and ``ratio`` = MoE time / (K·C × dense time); target <= 1.15 (>= 85% of the ideal).
-Every candidate of ``--dispatch`` (``dispatch[:slots][+compile]``: ``MoELayer``'s dispatch, the
-router's slot numbering and the compiled region, the same weights) runs in the same rounds; ``moe_ms`` and ``ratio`` are the
+Every candidate of ``--dispatch`` (``dispatch[:slots][+compile|+fallback]``: ``MoELayer``'s dispatch,
+the router's slot numbering and the compiled region, the same weights; ``grouped+fallback``: grouped's
+own code where the layer would run ``padded``, so timing torch's slow grouped product, its loop over
+the experts) runs in the same rounds; ``moe_ms`` and ``ratio`` are the
 first's, ``candidates`` has each one's. The layer gets a
 padding mask, as in a model (all False: a batch without padding, so that the ideal stays K·C dense FFNs).
 It runs twice, in fresh processes (``malloc_modes.py``): with glibc's default malloc
@@ -40,18 +42,30 @@ def fwd_bwd(fn, x, repeats):
         fn(x).float().sum().backward()
 
 
+class GroupedAnywhere(MoELayer):
+    """``grouped`` running its own code whatever the device and dtype (torch's grouped product, its
+    fallback loop where it has no fast kernel), where ``MoELayer`` would run ``padded``."""
+
+    def move(self, tokens, routing):
+        return self.grouped(tokens, routing)
+
+
 def candidate(spec: str, router: TopKRouter, experts: Experts) -> MoELayer:
-    """The MoE layer of ``spec`` (``dispatch[:slots][+compile]``) with ``router``'s and ``experts``'
-    weights; ``+compile``: routing, dispatch, experts and combine compiled as one region (its
-    compilation happens in the warm-up, outside the timed rounds)."""
+    """The MoE layer of ``spec`` (``dispatch[:slots][+compile|+fallback]``) with ``router``'s and
+    ``experts``' weights; ``+compile``: routing, dispatch, experts and combine compiled as one region
+    (its compilation happens in the warm-up, outside the timed rounds); ``grouped+fallback``:
+    ``GroupedAnywhere``."""
+    spec, fallback, _ = spec.partition("+fallback")
     spec, plus, _ = spec.partition("+compile")
     dispatch, _, slots = spec.partition(":")
+    if fallback and dispatch != "grouped":
+        raise ValueError(f"+fallback is grouped's, got {spec}+fallback")
     if slots:
         numbered = TopKRouter(router.weight.shape[1], router.num_experts, router.top_k, router.capacity_factor,
                               slots=slots)
         numbered.weight = router.weight  # the same parameter
         router = numbered
-    return MoELayer(router, experts, dispatch, compiled=bool(plus))
+    return (GroupedAnywhere if fallback else MoELayer)(router, experts, dispatch, compiled=bool(plus))
 
 
 def main(argv=None):

@@ -92,7 +92,7 @@ def grouped_runs_here(monkeypatch):
     gradient) are NaN, so that a test sees any use of them, where torch's empty memory shows one
     only now and then."""
     from fairseq_widearch.modules import moe
-    monkeypatch.setattr(moe, "fast_grouped_mm", lambda tokens: True)
+    monkeypatch.setattr(moe, "fast_grouped_mm", lambda tokens, ffn_dim: True)
     monkeypatch.setattr(torch.nn.functional, "grouped_mm", nan_past_last_group(torch.nn.functional.grouped_mm))
 
 

@@ -35,10 +35,13 @@ def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
     for label, res in report["steps"]["speed"].items():
         assert res["rc"] == 0 and res["json"], label
     assert report["steps"]["speed"]["moe bf16 256 tokens"]["json"]["candidates"].keys() == {
-        "padded", "index", "permute", "grouped", "padded:sort", "grouped:sort"}
+        "padded", "index", "permute", "grouped", "padded:sort", "grouped:sort", "grouped+fallback",
+        "grouped:sort+fallback"}
     utilisation = report["steps"]["speed"]["widenet utilisation bf16 batch 4"]["json"]
-    systems = ["widenet_tiny", *(c.replace(gpu_check.WIDENET, "widenet_tiny") for c in gpu_check.WIDENET_CANDIDATES)]
-    assert len(systems) == len(gpu_check.MOE_CANDIDATES) and all("ratio" in utilisation[s] for s in systems)
+    systems = ["widenet_tiny", *(f"widenet_tiny:--moe-dispatch={c}" for c in ("index", "permute", "grouped")),
+               "widenet_tiny:--moe-dispatch=padded,--moe-slots=sort", "widenet_tiny:--moe-dispatch=grouped,--moe-slots=sort"]
+    settings = {"device", "dtype", "matmul_peak_tflops", "batch_size", "src_len", "tgt_len"}
+    assert set(utilisation) - settings == set(systems) and all("ratio" in utilisation[s] for s in systems), utilisation
     assert report["steps"]["speed"]["moe compiled bf16 256 tokens"]["json"]["candidates"].keys() == {
         "padded", "padded+compile"}
     # PartialFormer's three attention kernels timed side by side in one model
@@ -46,3 +49,21 @@ def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
     assert {"auto_ms", "explicit_ms", "sdpa_ms"} <= kernels.keys() and "step time / auto's" in markdown
     assert report["steps"]["profile"]["profile"]["json"]["moe"]["moe"]["kernels_per_step"] > 0
     assert re.search(r"\*\*CUDA tier\*\*: \d+ skipped", markdown) and "| multipath_transformer_tiny | True |" in markdown
+
+
+def test_host_syncs_runs_each_precision_and_counts_the_moe_calls():
+    """benchmarks/host_syncs.py (a CUDA count, run in the CUDA tier) on the CPU, where it counts no
+    sync: the model cast (``--dtype``, as --fp16/--bf16) or under autocast (``--autocast``, as
+    --amp), and WideNet's MoE calls per training pass (3 + 3 blocks) and per decoding step (the
+    decoder's 3, the encoder's 3 once over the target's positions)."""
+    tgt_len = 3
+    for precision in (["--dtype", "fp16"], ["--dtype", "bf16", "--autocast"]):
+        out = subprocess.run([sys.executable, REPO / "benchmarks" / "host_syncs.py", "--device", "cpu", "--systems",
+                              "widenet grouped,transformer", *precision, "--steps", "1", "--warmup", "1", "--tgt-len",
+                              str(tgt_len), "--src-len", "4", "--batch-size", "2", "--vocab", "100"],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        counted = json.loads(out.stdout.strip().splitlines()[-1])
+        assert (counted["dtype"], counted["autocast"]) == (precision[1], "--autocast" in precision)
+        assert counted["moe_calls_per_pass"] == {"widenet grouped": 6, "transformer": 0}
+        assert counted["moe_calls_per_decoding_step"] == {"widenet grouped": 3 + 3 / tgt_len, "transformer": 0}

@@ -522,7 +522,7 @@ def widenet(args):
 def widenet_wmt_en_de(args):
     """NMT base for WMT14 En-De: transformer-base body with shared vocabulary, WideNet in both stacks."""
     set_defaults(args, share_all_embeddings=True, dropout=0.1, attention_dropout=0.1)
-    if getattr(args, "activation_dropout", None) is None:  # the experts' 0.1 unless the user gave a rate
+    if given_activation_dropout(args) is None:  # the experts' 0.1 unless the user gave a rate
         set_defaults(args, moe_activation_dropout=0.1)
     widenet(args)
 

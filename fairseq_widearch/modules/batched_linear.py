@@ -70,10 +70,11 @@ class BatchedLinear(nn.Module):
 class GroupBias(torch.autograd.Function):
     """``out`` ``(M, out_features)`` plus each row's group's bias, ``member`` ``(M, n)`` bool saying
     each row's group (none for the rows past ``offsets[-1]``), in one ``addmm`` in ``out``'s dtype;
-    the bias's gradient summed per group by a grouped product over the rows (fp32 accumulation, no
-    scatter-add of M rows onto n), which reads no row past ``offsets[-1]``: their gradient is
-    undefined (``F.grouped_mm`` leaves it so), and a product with ``member``'s zeros would carry its
-    NaNs."""
+    the bias's gradient summed per group by a grouped product over the rows (no scatter-add of M rows
+    onto n), which reads no row past ``offsets[-1]``: their gradient is undefined (``F.grouped_mm``
+    leaves it so), and a product with ``member``'s zeros would carry its NaNs. The kernel accumulates
+    in fp32 and rounds the sum once to ``out``'s dtype (bf16 under autocast, as padded's ``bmm`` and
+    ``nn.Linear``'s bias gradients are) before its cast to the bias's dtype."""
 
     @staticmethod
     def forward(ctx, out, member, bias, offsets):
@@ -97,7 +98,9 @@ def casts_once(module: nn.Module):
     """Inside the block, every ``BatchedLinear`` of ``module`` casts its weight to a dtype once (as
     autocast's cache does for the operators it casts itself; ``F.grouped_mm`` is not one), so that
     experts shared by all blocks are cast once per forward pass, not once per block. The casts are
-    dropped on leaving, so a parameter updated in between is cast again."""
+    dropped on leaving, so a parameter updated in between is cast again. It acts under bf16 autocast
+    over fp32 weights alone (a user's own loop or hub call): ``--bf16``'s weights are bf16 already,
+    and fairseq's ``--amp`` is fp16 autocast, where ``grouped`` runs ``padded``."""
     linears = [m for m in module.modules() if isinstance(m, BatchedLinear)]
     for linear in linears:
         linear.casts = {}

@@ -416,7 +416,7 @@ class MoELayer(nn.Module):
             raise ValueError(f"--moe-compile needs --moe-dispatch padded, got {dispatch}")
         if dispatch == "grouped" and not hasattr(F, "grouped_mm"):
             raise RuntimeError(f"--moe-dispatch grouped needs torch.nn.functional.grouped_mm, which torch "
-                               f"{torch.__version__} lacks (torch 2.11 and later have it)")
+                               f"{torch.__version__} lacks (torch 2.11, the lowest release this package has run with, has it)")
         self.router, self.experts, self.dispatch, self.compiled = router, experts, dispatch, compiled
 
     @property
@@ -447,7 +447,7 @@ class MoELayer(nn.Module):
         """Dispatch, experts and combine of the no-wait dispatches: ``(N, d)`` -> ``(N, d)``;
         ``grouped`` where torch's grouped product is fast (``fast_grouped_mm``), else ``padded``."""
         dispatch = self.dispatch
-        if dispatch == "grouped" and not fast_grouped_mm(tokens):
+        if dispatch == "grouped" and not fast_grouped_mm(tokens, self.experts.fc1.weight.shape[-1]):
             dispatch = "padded"
         return {"permute": self.permuted, "grouped": self.grouped}.get(dispatch, self.copied)(tokens, routing)
 
@@ -533,24 +533,27 @@ FAST_GROUPED_MM_SM = (9,)
 _warned_grouped_fallback = False
 
 
-def fast_grouped_mm(tokens: Tensor) -> bool:
-    """Whether ``--moe-dispatch grouped`` runs torch's fast grouped product on ``tokens``: CUDA (not
-    ROCm), a device of ``FAST_GROUPED_MM_SM``, bf16 (the tokens' dtype, or autocast's where it is on). If
-    not, warns once per process that ``padded`` (the same outputs) runs instead, naming what grouped
-    needs: whether it can run is known only at the first call (fairseq builds the model on the CPU,
-    and --fp16, --bf16 and --amp are the trainer's)."""
+def fast_grouped_mm(tokens: Tensor, ffn_dim: int) -> bool:
+    """Whether ``--moe-dispatch grouped`` runs torch's fast grouped product on ``tokens`` ``(N, d)``
+    through experts of hidden width ``ffn_dim``: CUDA (not ROCm), a device of ``FAST_GROUPED_MM_SM``,
+    bf16 (the tokens' dtype, or autocast's where it is on), d and ``ffn_dim`` multiples of 8 (the
+    kernel's 16-byte strides). If not, warns once per process that ``padded`` (the same outputs)
+    runs instead, naming what grouped needs: whether it can run is known only at the first call
+    (fairseq builds the model on the CPU, and --fp16, --bf16 and --amp are the trainer's)."""
     global _warned_grouped_fallback
-    device = tokens.device.type
+    device, d = tokens.device.type, tokens.shape[-1]
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tokens.dtype
     fast = (device == "cuda" and torch.version.hip is None and dtype == torch.bfloat16
+            and d % 8 == 0 and ffn_dim % 8 == 0
             and torch.cuda.get_device_capability(tokens.device)[0] in FAST_GROUPED_MM_SM)
     if not fast and not _warned_grouped_fallback:
         _warned_grouped_fallback = True
         where = torch.cuda.get_device_name(tokens.device) if device == "cuda" else device
-        warnings.warn(f"--moe-dispatch grouped needs bf16 (--bf16, or --amp with bf16) on a CUDA GPU of compute "
-                      f"capability {' or '.join(f'{m}.x' for m in FAST_GROUPED_MM_SM)} (Hopper) for torch's grouped product; "
-                      f"here ({where}, {dtype}) torch would loop over the experts with host waits, so the padded "
-                      f"dispatch runs instead (the same outputs and gradients)")
+        warnings.warn(f"--moe-dispatch grouped needs bf16 (--bf16, or bf16 autocast; fairseq's --amp is fp16) on a "
+                      f"CUDA GPU of compute capability {' or '.join(f'{m}.x' for m in FAST_GROUPED_MM_SM)} (Hopper), "
+                      f"with d and the experts' FFN width multiples of 8, for torch's grouped product; here ({where}, "
+                      f"{dtype}, d = {d}, FFN {ffn_dim}) torch would loop over the experts with host waits or fail, so "
+                      f"the padded dispatch runs instead (the same outputs and gradients)")
     return fast
 
 
@@ -569,7 +572,7 @@ _COMPILED = {}
 
 def compiled_region():
     """``route_and_move`` compiled once per backend, with dynamic shapes (a new batch shape
-    reuses the graph; ``torch._dynamo``'s recompilations count what does not)."""
+    reuses the graph; a recompilation would capture a new one)."""
     if COMPILE_BACKEND not in _COMPILED:
         _COMPILED[COMPILE_BACKEND] = torch.compile(route_and_move, dynamic=True, backend=COMPILE_BACKEND)
     return _COMPILED[COMPILE_BACKEND]

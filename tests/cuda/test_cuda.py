@@ -35,13 +35,13 @@ PRECISIONS = {"fp16": ["--fp16"], "memory_efficient_fp16": ["--memory-efficient-
               "bf16": ["--bf16"]}
 
 
-#: The order in which the tier's 16 workers take its 30 units (``--dist loadgroup
+#: The order in which the tier's 16 workers take its 31 units (``--dist loadgroup
 #: --no-loadscope-reorder`` hands out the units in collection order, the 17th to the first worker
 #: after its first unit, and so on; tests/conftest.py sorts by ``tier_order``): the slowest archs
 #: first, so that what a time limit cuts short is what ran before. Units 1-10: the fp16/bf16 trainings
 #: with their decoding (each 600 updates and four decodes); 11-16: the short trainings of the archs
-#: never reached before; 17-26: the model-level checks (seconds each), after a decoding unit;
-#: 27-30: the other short trainings, after a short one.
+#: never reached before; 17-27: the model-level checks (seconds each), after a decoding unit;
+#: 28-31: the other short trainings, after a short one.
 ARCH_ORDER = ("scalable_transformer_tiny", "widenet_tiny", "latent_depth_transformer_tiny", "partialformer_tiny",
               "multipath_transformer_tiny")
 DECODED = ("fp16", "bf16")
@@ -171,3 +171,19 @@ def test_the_models_wait_for_the_gpu_only_to_ask_where_the_padding_is():
         models = {site: n for site, n in where.items() if site.startswith(("fairseq/", "models/", "modules/"))}
         # fairseq's decoder asks prev_output_tokens.eq(self.padding_idx).any(), the rest padding_mask.any()
         assert all("padding" in site for site in models), f"{name}: {models}"
+
+
+@pytest.mark.tier_order((2, 4))
+def test_no_moe_dispatch_waits_for_the_gpu_in_any_precision():
+    """WideNet's no-wait dispatches (benchmarks/host_syncs.py) in fp32, in the dtypes of --fp16 and
+    --bf16 and under --amp's fp16 autocast, in training and in incremental decoding: no sync in the
+    MoE's code (modules/), grouped's own in bf16 on a Hopper GPU, padded's elsewhere."""
+    systems = "widenet,widenet permute,widenet grouped"
+    for precision in ([], ["--dtype", "fp16"], ["--dtype", "bf16"], ["--dtype", "fp16", "--autocast"]):
+        counted = json.loads(run([sys.executable, REPO / "benchmarks" / "host_syncs.py", "--systems", systems,
+                                  *precision]).stdout.splitlines()[-1])
+        for name in systems.split(","):
+            where = {**counted["sites"][name], **counted["decoding_sites"][name]}
+            report(test="moe_host_syncs", system=name, precision=" ".join(precision) or "fp32", where=where,
+                   moe_calls_per_pass=counted["moe_calls_per_pass"][name])
+            assert not [site for site in where if site.startswith("modules/")], (name, precision, where)
