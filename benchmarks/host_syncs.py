@@ -11,11 +11,16 @@ are counted over ``--steps`` steps, attributed to the Python line that made them
 the passes. Then the same at inference, per decoding step: the model in eval mode, the encoder
 once and the decoder position by position with its incremental state, as fairseq-generate calls
 them. WideNet is counted with each of its dispatches, and with its MoE layers' calls per pass and
-per decoding step, so that a site in ``modules/`` gives its syncs per MoE call. ``--dtype`` casts
-the model as ``--fp16``/``--bf16`` do; with ``--autocast`` the parameters stay fp32 and the passes
+per decoding step; ``widenet grouped+fallback`` (not in the default list) runs grouped's own code
+where the layer would run ``padded``, so that torch's fallback grouped product shows its waits.
+
+``--dtype fp16|bf16`` casts the model, as ``--fp16``/``--bf16`` do for the forward and backward
+passes; fairseq then steps fp32 master copies (its optimizer's syncs, not the model's), so a half
+model is not stepped here. With ``--autocast`` the parameters stay fp32, are stepped, and the passes
 run under autocast in that dtype (fairseq's ``--amp`` is fp16 autocast). The last line is one JSON
-object: syncs per training pass and per decoding step for each system, MoE calls per pass and per
-step, and per system the ``file:line code`` sites with their syncs per pass or step.
+object: per system, syncs per training pass and per decoding step, the ``file:line code`` sites
+(the innermost Python line, possibly torch's own) with their syncs per pass or step, MoE calls per
+pass and per step, and the dtype its parameters and its MoE layers' products had.
 
     python benchmarks/host_syncs.py [--batch-size 32] [--src-len 30] [--tgt-len 30] [--steps 3]
         [--dtype fp32|fp16|bf16] [--autocast]
@@ -26,12 +31,15 @@ import json
 import linecache
 import warnings
 from collections import Counter
+from contextlib import nullcontext
+from unittest import mock
 
 import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import MoELayer
+from fairseq_widearch.modules import moe
 from on_device import DTYPES, training_loss
 
 PAD = 1  # fairseq's padding index
@@ -49,7 +57,10 @@ SYSTEMS = {
     # WideNet's other dispatches (grouped runs its own code in bf16 on a Hopper GPU alone, else padded's)
     **{f"widenet {dispatch}": ("widenet_multi30k", ["--moe-dispatch", dispatch])
        for dispatch in ("index", "permute", "grouped")},
+    "widenet grouped+fallback": ("widenet_multi30k", ["--moe-dispatch", "grouped"]),
 }
+#: Systems that run grouped's own code whatever the device and dtype.
+FORCED = {"widenet grouped+fallback"}
 
 
 def step(model, batch, widths):
@@ -65,13 +76,23 @@ def site(warning) -> str:
     return f"{path}:{warning.lineno} {linecache.getline(warning.filename, warning.lineno).strip()}"
 
 
+def product_dtype(x: torch.Tensor) -> str:
+    """The dtype a matmul on ``x`` runs in: autocast's where it is on, else x's."""
+    device = x.device.type
+    return str(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype)
+
+
 def synchronisations(model, run, passes: int) -> tuple:
     """``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` (on CUDA) -> (syncs per pass,
-    {"file:line code": syncs per pass}, the model's MoE layer calls per pass)."""
+    {"file:line code": syncs per pass}, the model's MoE layer calls per pass, the dtypes of their
+    products)."""
     cuda = next(model.parameters()).is_cuda
-    calls = Counter()
-    hooks = [m.register_forward_pre_hook(lambda *_: calls.update(["moe"])) for m in model.modules()
-             if isinstance(m, MoELayer)]
+    calls, dtypes = Counter(), set()
+
+    def seen(module, inputs):
+        calls.update(["moe"])
+        dtypes.add(product_dtype(inputs[0]))
+    hooks = [m.register_forward_pre_hook(seen) for m in model.modules() if isinstance(m, MoELayer)]
     if cuda:
         torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
@@ -85,8 +106,11 @@ def synchronisations(model, run, passes: int) -> tuple:
                 torch.cuda.set_sync_debug_mode("default")
             for hook in hooks:
                 hook.remove()
-    where = Counter(site(w) for w in caught if "synchroniz" in str(w.message))
-    return sum(where.values()) / passes, {k: v / passes for k, v in where.most_common()}, calls["moe"] / passes
+    # the debug mode's own switch can warn at its first use: the benchmark's, not the model's
+    where = Counter(site(w) for w in caught if "synchroniz" in str(w.message)
+                    and "set_sync_debug_mode" not in site(w))
+    return (sum(where.values()) / passes, {k: v / passes for k, v in where.most_common()}, calls["moe"] / passes,
+            sorted(dtypes))
 
 
 def decode(model, batch, steps: int):
@@ -99,13 +123,15 @@ def decode(model, batch, steps: int):
             model.decoder(prev[:, :t], encoder_out=encoder_out, incremental_state=state)
 
 
-def count(arch, argv, args):
-    """-> (syncs per training pass, {"file:line code": syncs per pass}, MoE calls per pass, syncs
-    per decoding step, {"file:line code": syncs per step}, MoE calls per step)."""
+def count(arch, argv, args, forced: bool = False) -> dict:
+    """One system's counts: ``training`` and ``inference``, each (syncs per pass or step,
+    {"file:line code": syncs}, MoE calls, their products' dtypes), and its ``parameters``' dtype."""
     torch.manual_seed(0)
     dtype = torch.float32 if args.autocast else DTYPES[args.dtype]
     model = build_model(arch, argv, vocab_size=args.vocab).to(args.device, dtype).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    # fairseq steps a half model's fp32 master copies (its own syncs); Adam on half weights would
+    # make them NaN (eps 1e-8 is 0 in fp16)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4) if dtype == torch.float32 else None
     widths = args.widths if hasattr(model, "set_sample_config") else []
     bsz = args.batch_size
     src, prev, target = (torch.randint(4, args.vocab, (bsz, n), device=args.device)
@@ -117,10 +143,12 @@ def count(arch, argv, args):
 
     def update():
         step(model, batch, widths)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer:
+            optimizer.step()
+        model.zero_grad(set_to_none=True)
 
-    with torch.autocast(args.device, dtype=DTYPES[args.dtype], enabled=args.autocast):
+    forcing = mock.patch.object(moe, "fast_grouped_mm", lambda tokens, ffn_dim: True) if forced else nullcontext()
+    with forcing, torch.autocast(args.device, dtype=DTYPES[args.dtype], enabled=args.autocast):
         for _ in range(args.warmup):
             update()
         training = synchronisations(model, lambda: [update() for _ in range(args.steps)],
@@ -128,12 +156,12 @@ def count(arch, argv, args):
         model.eval()
         decode(model, batch, 2)  # warm-up
         inference = synchronisations(model, lambda: decode(model, batch, args.tgt_len), args.tgt_len)
-    return (*training, *inference)
+    return {"training": training, "inference": inference, "parameters": str(dtype)}
 
 
 def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--systems", default=",".join(name for name in SYSTEMS if name not in FORCED))
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--src-len", type=int, default=30)
@@ -154,18 +182,24 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("needs a CUDA GPU (sync debug mode is CUDA's)")
-    result, sites, calls, decoding, decoding_sites, decoding_calls = {}, {}, {}, {}, {}, {}
+    counted = {}
     for name in args.systems.split(","):
         arch, flags = SYSTEMS[name]
-        (result[name], sites[name], calls[name], decoding[name], decoding_sites[name],
-         decoding_calls[name]) = count(arch, flags, args)
-        print(f"{name:26s} {result[name]:6.1f} syncs per training pass, {decoding[name]:6.1f} per decoding step  "
-              + "\n    ".join(f"x{v:g}  {k}" for k, v in {**sites[name], **decoding_sites[name]}.items()))
-    print(json.dumps({"syncs_per_pass": result, "sites": sites, "moe_calls_per_pass": calls,
-                      "syncs_per_decoding_step": decoding, "decoding_sites": decoding_sites,
-                      "moe_calls_per_decoding_step": decoding_calls, "dtype": args.dtype, "autocast": args.autocast,
-                      "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device}))
+        counted[name] = c = count(arch, flags, args, forced=name in FORCED)
+        print(f"{name:26s} {c['training'][0]:6.1f} syncs per training pass, {c['inference'][0]:6.1f} per decoding "
+              "step  " + "\n    ".join(f"x{v:g}  {k}" for k, v in {**c["training"][1], **c["inference"][1]}.items()))
 
+    def per_system(phase: str, field: int) -> dict:
+        return {name: c[phase][field] for name, c in counted.items()}
+    print(json.dumps({"syncs_per_pass": per_system("training", 0), "sites": per_system("training", 1),
+                      "moe_calls_per_pass": per_system("training", 2),
+                      "syncs_per_decoding_step": per_system("inference", 0), "decoding_sites": per_system("inference", 1),
+                      "moe_calls_per_decoding_step": per_system("inference", 2),
+                      "moe_product_dtypes": {name: sorted({*c["training"][3], *c["inference"][3]})
+                                             for name, c in counted.items()},
+                      "parameter_dtype": {name: c["parameters"] for name, c in counted.items()},
+                      "dtype": args.dtype, "autocast": args.autocast,
+                      "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device}))
 
 if __name__ == "__main__":
     main()

@@ -53,17 +53,20 @@ def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
 
 def test_host_syncs_runs_each_precision_and_counts_the_moe_calls():
     """benchmarks/host_syncs.py (a CUDA count, run in the CUDA tier) on the CPU, where it counts no
-    sync: the model cast (``--dtype``, as --fp16/--bf16) or under autocast (``--autocast``, as
-    --amp), and WideNet's MoE calls per training pass (3 + 3 blocks) and per decoding step (the
-    decoder's 3, the encoder's 3 once over the target's positions)."""
+    sync: the model cast (``--dtype``, as --fp16/--bf16) or fp32 under autocast (``--autocast``, as
+    --amp), as the dtypes of its parameters and of its MoE products say, and WideNet's MoE calls
+    per training pass (3 + 3 blocks) and per decoding step (the decoder's 3, the encoder's 3 once
+    over the target's positions)."""
     tgt_len = 3
-    for precision in (["--dtype", "fp16"], ["--dtype", "bf16", "--autocast"]):
+    for precision, parameters, products in ((["--dtype", "fp16"], "torch.float16", "torch.float16"),
+                                            (["--dtype", "bf16", "--autocast"], "torch.float32", "torch.bfloat16")):
         out = subprocess.run([sys.executable, REPO / "benchmarks" / "host_syncs.py", "--device", "cpu", "--systems",
-                              "widenet grouped,transformer", *precision, "--steps", "1", "--warmup", "1", "--tgt-len",
-                              str(tgt_len), "--src-len", "4", "--batch-size", "2", "--vocab", "100"],
+                              "widenet grouped+fallback,transformer", *precision, "--steps", "1", "--warmup", "1",
+                              "--tgt-len", str(tgt_len), "--src-len", "4", "--batch-size", "2", "--vocab", "100"],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         counted = json.loads(out.stdout.strip().splitlines()[-1])
-        assert (counted["dtype"], counted["autocast"]) == (precision[1], "--autocast" in precision)
-        assert counted["moe_calls_per_pass"] == {"widenet grouped": 6, "transformer": 0}
-        assert counted["moe_calls_per_decoding_step"] == {"widenet grouped": 3 + 3 / tgt_len, "transformer": 0}
+        assert counted["parameter_dtype"] == {"widenet grouped+fallback": parameters, "transformer": parameters}
+        assert counted["moe_product_dtypes"] == {"widenet grouped+fallback": [products], "transformer": []}
+        assert counted["moe_calls_per_pass"] == {"widenet grouped+fallback": 6, "transformer": 0}
+        assert counted["moe_calls_per_decoding_step"] == {"widenet grouped+fallback": 3 + 3 / tgt_len, "transformer": 0}

@@ -289,10 +289,12 @@ def test_invalid_router_configs(kwargs, message):
 
 def dispatched(dispatch, x, padding_mask, seed, train=True, **kw):
     """Output, balance loss, kept count and every gradient of one forward + backward of a fresh
-    MoE layer (the same initialisation for every ``dispatch``; router noise and dropout from ``seed``)."""
+    MoE layer (the same initialisation for every ``dispatch``; router noise and dropout from
+    ``seed``; ``dtype``: the layer cast to it)."""
     torch.manual_seed(0)
     router = TopKRouter(D, 4, 2, 0.5, 0.0, noise=kw.get("noise", False), slots=kw.get("slots", "count"))
     moe = MoELayer(router, Experts(4, D, FFN, activation_dropout=kw.get("dropout", 0.0)), dispatch).train(train)
+    moe.to(kw.get("dtype", torch.float32))
     x = x.clone().requires_grad_()
     torch.manual_seed(seed)
     y, routing = moe(x, padding_mask)
@@ -336,18 +338,23 @@ def test_every_dispatch_gives_the_index_dispatch_outputs_and_gradients(dispatch,
 @pytest.mark.parametrize("dispatch,waits,atomic_adds", [("index", 1, 4), ("padded", 0, 3), ("permute", 0, 0),
                                                        ("grouped", 0, 0)])
 @pytest.mark.parametrize("train", [True, False], ids=["training", "inference"])
-def test_host_waits_and_atomic_adds_of_each_dispatch(dispatch, waits, atomic_adds, train):
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16 autocast"])
+def test_host_waits_and_atomic_adds_of_each_dispatch(dispatch, waits, atomic_adds, train, precision):
     """Counted operators of a forward + backward over a padded batch (the host waits a GPU would
     make: the ``nonzero`` of the real tokens' rows; the scatter-adds: index_add and index_select's
     backward), in training (C = 0.5) and at inference (no capacity limit: B from the shapes, not
-    from the largest load); without padding, no dispatch waits."""
+    from the largest load), in fp32, in bf16 (a cast layer, as ``--bf16``) and under bf16 autocast;
+    without padding, no dispatch waits."""
     x, pad = padded_input()
-    with OperatorCounter() as counter:
-        dispatched(dispatch, x, pad, 3, train)
-    assert (counter.host_waits, counter.atomic_adds) == (waits, atomic_adds), counter.counts
-    with OperatorCounter() as counter:
-        dispatched(dispatch, x, None, 3, train)
-    assert counter.host_waits == 0, counter.counts
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    for padding_mask, expected in ((pad, (waits, atomic_adds)), (None, None)):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16 autocast"), \
+                OperatorCounter() as counter:
+            dispatched(dispatch, x.to(dtype), padding_mask, 3, train, dtype=dtype)
+        if expected:
+            assert (counter.host_waits, counter.atomic_adds) == expected, counter.counts
+        else:
+            assert counter.host_waits == 0, counter.counts
 
 
 @pytest.mark.parametrize("dispatch", ["index", "padded", "permute", "grouped"])
@@ -404,6 +411,8 @@ def test_the_compiled_region_equals_the_eager_layer_and_reuses_its_graph(monkeyp
     import torch._dynamo.utils as dynamo_utils
     from fairseq_widearch.modules import moe as moe_module
     monkeypatch.setattr(moe_module, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(moe_module, "_COMPILED", {})
+    torch._dynamo.reset()  # no graph cached by an earlier test
     torch.manual_seed(0)
     router = TopKRouter(D, 4, 2, 0.5)
     experts = Experts(4, D, FFN, activation_dropout=0.2, dropout=0.3)
