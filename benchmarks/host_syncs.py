@@ -16,11 +16,13 @@ where the layer would run ``padded``, so that torch's fallback grouped product s
 
 ``--dtype fp16|bf16`` casts the model, as ``--fp16``/``--bf16`` do for the forward and backward
 passes; fairseq then steps fp32 master copies (its optimizer's syncs, not the model's), so a half
-model is not stepped here. With ``--autocast`` the parameters stay fp32, are stepped, and the passes
-run under autocast in that dtype (fairseq's ``--amp`` is fp16 autocast). The last line is one JSON
+model is not stepped here. With ``--autocast`` the parameters stay fp32, are stepped, and the
+forward passes run under autocast in that dtype, as fairseq's train_step runs them (its ``--amp``
+is fp16 autocast). The last line is one JSON
 object: per system, syncs per training pass and per decoding step, the ``file:line code`` sites
-(the innermost Python line, possibly torch's own) with their syncs per pass or step, MoE calls per
-pass and per step, and the dtype its parameters and its MoE layers' products had.
+(the innermost Python line, possibly torch's own) with their syncs per pass or step, MoE calls and
+``F.grouped_mm`` calls per pass and per step (whether grouped ran its own code), the dtypes its
+parameters and its MoE layers' products had, and whether it was stepped.
 
     python benchmarks/host_syncs.py [--batch-size 32] [--src-len 30] [--tgt-len 30] [--steps 3]
         [--dtype fp32|fp16|bf16] [--autocast]
@@ -63,11 +65,15 @@ SYSTEMS = {
 FORCED = {"widenet grouped+fallback"}
 
 
-def step(model, batch, widths):
+def step(model, batch, widths, amp):
+    """One training pass per width, the forward under ``amp()`` (autocast, or nothing), as
+    fairseq's train_step runs it."""
     for width in widths or [None]:  # one pass per width
         if width:
             model.set_sample_config(width)
-        training_loss(model, batch, PAD).backward()
+        with amp():
+            loss = training_loss(model, batch, PAD)
+        loss.backward()
 
 
 def site(warning) -> str:
@@ -84,10 +90,15 @@ def product_dtype(x: torch.Tensor) -> str:
 
 def synchronisations(model, run, passes: int) -> tuple:
     """``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` (on CUDA) -> (syncs per pass,
-    {"file:line code": syncs per pass}, the model's MoE layer calls per pass, the dtypes of their
-    products)."""
+    {"file:line code": syncs per pass}, the model's MoE layer calls and ``F.grouped_mm`` calls per
+    pass, the dtypes of the MoE products)."""
     cuda = next(model.parameters()).is_cuda
     calls, dtypes = Counter(), set()
+    grouped_mm = torch.nn.functional.grouped_mm
+
+    def counted_grouped_mm(*args, **kwargs):
+        calls.update(["grouped_mm"])
+        return grouped_mm(*args, **kwargs)
 
     def seen(module, inputs):
         calls.update(["moe"])
@@ -95,7 +106,8 @@ def synchronisations(model, run, passes: int) -> tuple:
     hooks = [m.register_forward_pre_hook(seen) for m in model.modules() if isinstance(m, MoELayer)]
     if cuda:
         torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, \
+            mock.patch.object(torch.nn.functional, "grouped_mm", counted_grouped_mm):
         warnings.simplefilter("always")
         if cuda:
             torch.cuda.set_sync_debug_mode("warn")
@@ -106,18 +118,17 @@ def synchronisations(model, run, passes: int) -> tuple:
                 torch.cuda.set_sync_debug_mode("default")
             for hook in hooks:
                 hook.remove()
-    # the debug mode's own switch can warn at its first use: the benchmark's, not the model's
-    where = Counter(site(w) for w in caught if "synchroniz" in str(w.message)
-                    and "set_sync_debug_mode" not in site(w))
+    # torch's warning at each sync (not the debug mode's one-time notice at its switch)
+    where = Counter(site(w) for w in caught if "called a synchronizing CUDA operation" in str(w.message))
     return (sum(where.values()) / passes, {k: v / passes for k, v in where.most_common()}, calls["moe"] / passes,
-            sorted(dtypes))
+            calls["grouped_mm"] / passes, sorted(dtypes))
 
 
-def decode(model, batch, steps: int):
+def decode(model, batch, steps: int, amp):
     """Inference as fairseq-generate runs it: the encoder once, the decoder position by position
-    with its incremental state (``steps`` positions: one pass each)."""
+    with its incremental state (``steps`` positions: one pass each), under ``amp()``."""
     src, lengths, prev, _ = batch
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         encoder_out, state = model.encoder(src, lengths), {}
         for t in range(1, steps + 1):
             model.decoder(prev[:, :t], encoder_out=encoder_out, incremental_state=state)
@@ -125,7 +136,8 @@ def decode(model, batch, steps: int):
 
 def count(arch, argv, args, forced: bool = False) -> dict:
     """One system's counts: ``training`` and ``inference``, each (syncs per pass or step,
-    {"file:line code": syncs}, MoE calls, their products' dtypes), and its ``parameters``' dtype."""
+    {"file:line code": syncs}, MoE calls, F.grouped_mm calls, the MoE products' dtypes), its
+    ``parameters``' dtypes and whether it was ``stepped``."""
     torch.manual_seed(0)
     dtype = torch.float32 if args.autocast else DTYPES[args.dtype]
     model = build_model(arch, argv, vocab_size=args.vocab).to(args.device, dtype).train()
@@ -141,22 +153,26 @@ def count(arch, argv, args, forced: bool = False) -> dict:
     src[0, :2], lengths[0], prev[0, -2:], target[0, -2:] = PAD, args.src_len - 2, PAD, PAD
     batch = (src, lengths, prev, target)
 
+    def amp():
+        return torch.autocast(args.device, dtype=DTYPES[args.dtype], enabled=args.autocast)
+
     def update():
-        step(model, batch, widths)
+        step(model, batch, widths, amp)
         if optimizer:
             optimizer.step()
         model.zero_grad(set_to_none=True)
 
     forcing = mock.patch.object(moe, "fast_grouped_mm", lambda tokens, ffn_dim: True) if forced else nullcontext()
-    with forcing, torch.autocast(args.device, dtype=DTYPES[args.dtype], enabled=args.autocast):
+    with forcing:
         for _ in range(args.warmup):
             update()
         training = synchronisations(model, lambda: [update() for _ in range(args.steps)],
                                     args.steps * max(len(widths), 1))
         model.eval()
-        decode(model, batch, 2)  # warm-up
-        inference = synchronisations(model, lambda: decode(model, batch, args.tgt_len), args.tgt_len)
-    return {"training": training, "inference": inference, "parameters": str(dtype)}
+        decode(model, batch, 2, amp)  # warm-up
+        inference = synchronisations(model, lambda: decode(model, batch, args.tgt_len, amp), args.tgt_len)
+    return {"training": training, "inference": inference, "stepped": optimizer is not None,
+            "parameters": sorted({str(p.dtype) for p in model.parameters()})}
 
 
 def parser():
@@ -171,7 +187,7 @@ def parser():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="the model's dtype (as --fp16, --bf16)")
     p.add_argument("--autocast", action="store_true",
-                   help="fp32 parameters, the passes under autocast in --dtype (--amp: fp16)")
+                   help="fp32 parameters, the forward passes under autocast in --dtype (--amp: fp16)")
     # the tests' CPU run: every count but the syncs (sync debug mode is CUDA's)
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     return p
@@ -195,9 +211,12 @@ def main(argv=None):
                       "moe_calls_per_pass": per_system("training", 2),
                       "syncs_per_decoding_step": per_system("inference", 0), "decoding_sites": per_system("inference", 1),
                       "moe_calls_per_decoding_step": per_system("inference", 2),
-                      "moe_product_dtypes": {name: sorted({*c["training"][3], *c["inference"][3]})
+                      "grouped_mm_calls_per_pass": per_system("training", 3),
+                      "grouped_mm_calls_per_decoding_step": per_system("inference", 3),
+                      "moe_product_dtypes": {name: sorted({*c["training"][4], *c["inference"][4]})
                                              for name, c in counted.items()},
-                      "parameter_dtype": {name: c["parameters"] for name, c in counted.items()},
+                      "parameter_dtypes": {name: c["parameters"] for name, c in counted.items()},
+                      "stepped": {name: c["stepped"] for name, c in counted.items()},
                       "dtype": args.dtype, "autocast": args.autocast,
                       "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device}))
 

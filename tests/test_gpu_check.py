@@ -53,20 +53,27 @@ def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
 
 def test_host_syncs_runs_each_precision_and_counts_the_moe_calls():
     """benchmarks/host_syncs.py (a CUDA count, run in the CUDA tier) on the CPU, where it counts no
-    sync: the model cast (``--dtype``, as --fp16/--bf16) or fp32 under autocast (``--autocast``, as
-    --amp), as the dtypes of its parameters and of its MoE products say, and WideNet's MoE calls
-    per training pass (3 + 3 blocks) and per decoding step (the decoder's 3, the encoder's 3 once
-    over the target's positions)."""
-    tgt_len = 3
+    sync: the model cast (``--dtype``, as --fp16/--bf16; not stepped) or fp32 under autocast
+    (``--autocast``, as --amp; stepped), as the dtypes of its parameters and of its MoE products
+    say; WideNet's MoE calls per training pass (3 + 3 blocks) and per decoding step (the decoder's
+    3, the encoder's 3 once over the target's positions); grouped's own code where forced (per
+    call, ``F.grouped_mm`` 2 times forward and 2 for the biases' gradients backward; the products'
+    own backward is torch's), padded's otherwise."""
+    tgt_len, systems = 3, ["widenet grouped+fallback", "widenet grouped", "transformer"]
     for precision, parameters, products in ((["--dtype", "fp16"], "torch.float16", "torch.float16"),
                                             (["--dtype", "bf16", "--autocast"], "torch.float32", "torch.bfloat16")):
         out = subprocess.run([sys.executable, REPO / "benchmarks" / "host_syncs.py", "--device", "cpu", "--systems",
-                              "widenet grouped+fallback,transformer", *precision, "--steps", "1", "--warmup", "1",
+                              ",".join(systems), *precision, "--steps", "1", "--warmup", "1",
                               "--tgt-len", str(tgt_len), "--src-len", "4", "--batch-size", "2", "--vocab", "100"],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         counted = json.loads(out.stdout.strip().splitlines()[-1])
-        assert counted["parameter_dtype"] == {"widenet grouped+fallback": parameters, "transformer": parameters}
-        assert counted["moe_product_dtypes"] == {"widenet grouped+fallback": [products], "transformer": []}
-        assert counted["moe_calls_per_pass"] == {"widenet grouped+fallback": 6, "transformer": 0}
-        assert counted["moe_calls_per_decoding_step"] == {"widenet grouped+fallback": 3 + 3 / tgt_len, "transformer": 0}
+        assert counted["parameter_dtypes"] == dict.fromkeys(systems, [parameters])
+        assert counted["stepped"] == dict.fromkeys(systems, "--autocast" in precision)
+        assert counted["moe_product_dtypes"] == {**dict.fromkeys(systems[:2], [products]), "transformer": []}
+        assert counted["moe_calls_per_pass"] == {**dict.fromkeys(systems[:2], 6), "transformer": 0}
+        assert counted["moe_calls_per_decoding_step"] == {**dict.fromkeys(systems[:2], 3 + 3 / tgt_len),
+                                                          "transformer": 0}
+        assert counted["grouped_mm_calls_per_pass"] == {systems[0]: 6 * 4, systems[1]: 0, "transformer": 0}
+        assert counted["grouped_mm_calls_per_decoding_step"] == {systems[0]: 2 * (3 + 3 / tgt_len), systems[1]: 0,
+                                                                 "transformer": 0}

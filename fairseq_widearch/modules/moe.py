@@ -526,8 +526,8 @@ class MoELayer(nn.Module):
 
 #: The GPU architectures (compute capability major) on which ``grouped`` runs torch's own bf16
 #: grouped-product kernel: Hopper. Elsewhere, and in every other dtype, torch falls back to a loop
-#: over the groups that copies the group ends to the host (about 2 waits per MoE call forward, 4
-#: backward); on SM 10.x the kernel is reported to give non-zero weight gradients to empty groups
+#: over the groups that copies the group ends to the host (a wait per grouped product: 2 per MoE
+#: call forward, 6 backward with the biases' gradients); on SM 10.x the kernel is reported to give non-zero weight gradients to empty groups
 #: (pytorch/pytorch#172439), and an expert without a kept token is common, so 10.x is left out.
 FAST_GROUPED_MM_SM = (9,)
 _warned_grouped_fallback = False

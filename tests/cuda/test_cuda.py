@@ -178,8 +178,9 @@ def test_no_moe_dispatch_waits_for_the_gpu_in_any_precision():
     """WideNet's no-wait dispatches (benchmarks/host_syncs.py) in fp32, in the dtypes of --fp16 and
     --bf16, under --amp's fp16 autocast and under bf16 autocast, in training and in incremental
     decoding: ``permute`` and ``grouped`` (its own code in bf16 on a Hopper GPU, padded's
-    elsewhere) wait as often as ``padded`` does, the waits of fairseq's and our padding checks; and
-    grouped's own code forced in fp16 (torch's fallback product) waits more, as the count must see."""
+    elsewhere, as its F.grouped_mm calls show) wait as often as ``padded`` does, the waits of
+    fairseq's and our padding checks; and grouped's own code forced in fp16 (torch's fallback
+    product) waits more, as the count must see."""
     systems = ["widenet", "widenet permute", "widenet grouped"]
     for precision in ([], ["--dtype", "fp16"], ["--dtype", "bf16"], ["--dtype", "fp16", "--autocast"],
                       ["--dtype", "bf16", "--autocast"]):
@@ -198,3 +199,8 @@ def test_no_moe_dispatch_waits_for_the_gpu_in_any_precision():
             assert all(counted[phase][name] == padded for name in systems), (label, phase, counted[phase])
             if fallback:
                 assert counted[phase]["widenet grouped+fallback"] > padded, (label, phase, counted[phase])
+        # grouped's own code where its fast kernel runs (bf16 on a Hopper GPU), padded's elsewhere
+        own = "bf16" in precision and torch.cuda.get_device_capability()[0] == 9
+        products = counted["grouped_mm_calls_per_pass"]
+        assert (products["widenet grouped"] > 0) == own and products["widenet"] == products["widenet permute"] == 0
+        assert not fallback or products["widenet grouped+fallback"] > 0, (label, products)

@@ -338,18 +338,18 @@ def test_every_dispatch_gives_the_index_dispatch_outputs_and_gradients(dispatch,
 @pytest.mark.parametrize("dispatch,waits,atomic_adds", [("index", 1, 4), ("padded", 0, 3), ("permute", 0, 0),
                                                        ("grouped", 0, 0)])
 @pytest.mark.parametrize("train", [True, False], ids=["training", "inference"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16 autocast"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "bf16 autocast", "fp16 autocast"])
 def test_host_waits_and_atomic_adds_of_each_dispatch(dispatch, waits, atomic_adds, train, precision):
     """Counted operators of a forward + backward over a padded batch (the host waits a GPU would
     make: the ``nonzero`` of the real tokens' rows; the scatter-adds: index_add and index_select's
     backward), in training (C = 0.5) and at inference (no capacity limit: B from the shapes, not
-    from the largest load), in fp32, in bf16 (a cast layer, as ``--bf16``) and under bf16 autocast;
-    without padding, no dispatch waits."""
+    from the largest load), in fp32, in bf16 and fp16 (a cast layer, as ``--bf16``, ``--fp16``) and
+    under autocast in either (as ``--amp``); without padding, no dispatch waits."""
     x, pad = padded_input()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    half, autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision[:4]), precision.endswith("autocast")
+    dtype = half if half and not autocast else torch.float32
     for padding_mask, expected in ((pad, (waits, atomic_adds)), (None, None)):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16 autocast"), \
-                OperatorCounter() as counter:
+        with torch.autocast("cpu", dtype=half or torch.bfloat16, enabled=autocast), OperatorCounter() as counter:
             dispatched(dispatch, x.to(dtype), padding_mask, 3, train, dtype=dtype)
         if expected:
             assert (counter.host_waits, counter.atomic_adds) == expected, counter.counts
