@@ -79,13 +79,14 @@ def main(argv=None):
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--setting", choices=["plain", "checkpoint"], help=argparse.SUPPRESS)  # one child run
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.setting:
         print(json.dumps(run_setting(args, args.setting == "checkpoint")))
         return
     results = {}
     for setting in ("plain", "checkpoint"):
-        out = subprocess.run([sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--setting", setting], check=True,
+        out = subprocess.run([sys.executable, __file__, *argv, "--setting", setting], check=True,
                              capture_output=True, text=True).stdout
         results[setting] = json.loads(out.strip().splitlines()[-1])
         print(f"{args.arch} {setting:10s} peak {results[setting]['peak_mib']} MiB, activations "

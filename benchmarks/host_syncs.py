@@ -41,8 +41,7 @@ import torch
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import MoELayer
-from fairseq_widearch.modules import moe
-from on_device import DTYPES, training_loss
+from on_device import DTYPES, grouped_everywhere, training_loss
 
 PAD = 1  # fairseq's padding index
 SYSTEMS = {
@@ -88,10 +87,10 @@ def product_dtype(x: torch.Tensor) -> str:
     return str(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype)
 
 
-def synchronisations(model, run, passes: int) -> tuple:
-    """``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` (on CUDA) -> (syncs per pass,
-    {"file:line code": syncs per pass}, the model's MoE layer calls and ``F.grouped_mm`` calls per
-    pass, the dtypes of the MoE products)."""
+def synchronisations(model, run, passes: int) -> dict:
+    """``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` (on CUDA), per pass: ``syncs``,
+    ``sites`` ({"file:line code": syncs}), the model's ``moe_calls`` and ``grouped_mm_calls``, and
+    the ``dtypes`` of the MoE products."""
     cuda = next(model.parameters()).is_cuda
     calls, dtypes = Counter(), set()
     grouped_mm = torch.nn.functional.grouped_mm
@@ -120,8 +119,9 @@ def synchronisations(model, run, passes: int) -> tuple:
                 hook.remove()
     # torch's warning at each sync (not the debug mode's one-time notice at its switch)
     where = Counter(site(w) for w in caught if "called a synchronizing CUDA operation" in str(w.message))
-    return (sum(where.values()) / passes, {k: v / passes for k, v in where.most_common()}, calls["moe"] / passes,
-            calls["grouped_mm"] / passes, sorted(dtypes))
+    return {"syncs": sum(where.values()) / passes, "sites": {k: v / passes for k, v in where.most_common()},
+            "moe_calls": calls["moe"] / passes, "grouped_mm_calls": calls["grouped_mm"] / passes,
+            "dtypes": sorted(dtypes)}
 
 
 def decode(model, batch, steps: int, amp):
@@ -135,9 +135,8 @@ def decode(model, batch, steps: int, amp):
 
 
 def count(arch, argv, args, forced: bool = False) -> dict:
-    """One system's counts: ``training`` and ``inference``, each (syncs per pass or step,
-    {"file:line code": syncs}, MoE calls, F.grouped_mm calls, the MoE products' dtypes), its
-    ``parameters``' dtypes and whether it was ``stepped``."""
+    """One system's counts: ``training`` (per pass) and ``inference`` (per decoding step), each as
+    ``synchronisations`` gives them, its ``parameters``' dtypes and whether it was ``stepped``."""
     torch.manual_seed(0)
     dtype = torch.float32 if args.autocast else DTYPES[args.dtype]
     model = build_model(arch, argv, vocab_size=args.vocab).to(args.device, dtype).train()
@@ -162,8 +161,7 @@ def count(arch, argv, args, forced: bool = False) -> dict:
             optimizer.step()
         model.zero_grad(set_to_none=True)
 
-    forcing = mock.patch.object(moe, "fast_grouped_mm", lambda tokens, ffn_dim: True) if forced else nullcontext()
-    with forcing:
+    with grouped_everywhere() if forced else nullcontext():
         for _ in range(args.warmup):
             update()
         training = synchronisations(model, lambda: [update() for _ in range(args.steps)],
@@ -202,18 +200,20 @@ def main(argv=None):
     for name in args.systems.split(","):
         arch, flags = SYSTEMS[name]
         counted[name] = c = count(arch, flags, args, forced=name in FORCED)
-        print(f"{name:26s} {c['training'][0]:6.1f} syncs per training pass, {c['inference'][0]:6.1f} per decoding "
-              "step  " + "\n    ".join(f"x{v:g}  {k}" for k, v in {**c["training"][1], **c["inference"][1]}.items()))
+        training, inference = c["training"], c["inference"]
+        print(f"{name:26s} {training['syncs']:6.1f} syncs per training pass, {inference['syncs']:6.1f} per decoding "
+              "step  " + "\n    ".join(f"x{v:g}  {k}" for k, v in {**training["sites"], **inference["sites"]}.items()))
 
-    def per_system(phase: str, field: int) -> dict:
+    def per_system(phase: str, field: str) -> dict:
         return {name: c[phase][field] for name, c in counted.items()}
-    print(json.dumps({"syncs_per_pass": per_system("training", 0), "sites": per_system("training", 1),
-                      "moe_calls_per_pass": per_system("training", 2),
-                      "syncs_per_decoding_step": per_system("inference", 0), "decoding_sites": per_system("inference", 1),
-                      "moe_calls_per_decoding_step": per_system("inference", 2),
-                      "grouped_mm_calls_per_pass": per_system("training", 3),
-                      "grouped_mm_calls_per_decoding_step": per_system("inference", 3),
-                      "moe_product_dtypes": {name: sorted({*c["training"][4], *c["inference"][4]})
+    print(json.dumps({"syncs_per_pass": per_system("training", "syncs"), "sites": per_system("training", "sites"),
+                      "moe_calls_per_pass": per_system("training", "moe_calls"),
+                      "syncs_per_decoding_step": per_system("inference", "syncs"),
+                      "decoding_sites": per_system("inference", "sites"),
+                      "moe_calls_per_decoding_step": per_system("inference", "moe_calls"),
+                      "grouped_mm_calls_per_pass": per_system("training", "grouped_mm_calls"),
+                      "grouped_mm_calls_per_decoding_step": per_system("inference", "grouped_mm_calls"),
+                      "moe_product_dtypes": {name: sorted({*c["training"]["dtypes"], *c["inference"]["dtypes"]})
                                              for name, c in counted.items()},
                       "parameter_dtypes": {name: c["parameters"] for name, c in counted.items()},
                       "stepped": {name: c["stepped"] for name, c in counted.items()},

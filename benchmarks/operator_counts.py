@@ -22,7 +22,6 @@ object.
 """
 import argparse
 import json
-from unittest import mock
 
 import torch
 
@@ -30,8 +29,7 @@ import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.experiments.counting import OperatorCounter
 from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model
-from fairseq_widearch.modules import moe
-from on_device import training_loss
+from on_device import grouped_everywhere, training_loss
 from training_utilisation import parse_system, step_flops, stock_flags, twin_layers
 
 SYSTEMS = ("multipath_transformer_6l_4p", "widenet_wmt_en_de", "widenet_wmt_en_de:--moe-dispatch=index",
@@ -63,7 +61,7 @@ def main(argv=None):
     batch = random_training_batches(1, args.batch_size, args.src_len, args.tgt_len, args.vocab)[0]
     results = {}
     # grouped counted as it runs where it runs its own code (bf16 on a Hopper GPU); here it would run padded
-    with mock.patch.object(moe, "fast_grouped_mm", lambda tokens, ffn_dim: True):
+    with grouped_everywhere():
         for system in args.systems.split(";"):
             results[system] = counted_system(system, batch, args)
     print(json.dumps({"batch_size": args.batch_size, "src_len": args.src_len, "tgt_len": args.tgt_len,
