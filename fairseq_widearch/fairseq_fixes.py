@@ -23,7 +23,11 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
   interface) decodes in fp32, ignoring the flag.
 * ``torchrun_joins_one_group``: workers started by ``torchrun`` train as independent runs (or,
   without CUDA, fail) unless ``--distributed-world-size`` matches, which its default does only on
-  a machine with as many GPUs as workers.
+  a machine with as many GPUs as workers; a group that ``torchrun --max-restarts`` starts again
+  hangs in its distributed init.
+* ``bmuf_world_size``: under torchrun or SLURM, ``--use-bmuf`` reads a world size of 1 and never
+  synchronises.
+* ``pytorch_ddp_on_cpu``: ``--ddp-backend pytorch_ddp``, the default, fails on CPU workers.
 * ``heartbeat_ends_a_hung_job``: ``--heartbeat-timeout`` logs that it kills a worker that makes no
   progress, but its SIGINT cannot end one that waits in a collective for a hung peer.
 * ``checkpoint_copies_are_atomic``: a kill while fairseq copies a saved checkpoint to
@@ -43,6 +47,7 @@ import shutil
 import signal as signal_module
 import sys
 import time
+import urllib.parse
 import weakref
 from typing import Optional
 
@@ -54,6 +59,8 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.models import BaseFairseqModel
 from fairseq.optim.amp_optimizer import AMPOptimizer
 from fairseq.trainer import Trainer
+
+logger = logging.getLogger(__name__)
 
 
 def keep_last_batch():
@@ -281,19 +288,41 @@ def bf16_inference():
 
 #: The variables torchrun (and torch.distributed.launch) sets in every worker it starts.
 TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+#: The init method of torchrun's workers where torchrun shares its rendezvous store with them (its
+#: default with the c10d rendezvous): ``env://``'s store, its keys under the attempt's own prefix.
+ATTEMPT_INIT_METHOD = "torchrun-attempt://"
+
+
+def _attempt_rendezvous(url, **kwargs):
+    """``env://``'s rendezvous, the store's keys under ``attempt_<TORCHELASTIC_RESTART_COUNT>/``."""
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+    rank, world = int(query["rank"][0]), int(query["world_size"][0])
+    for store, rank, world in torch.distributed.rendezvous("env://", rank, world, **kwargs):
+        yield torch.distributed.PrefixStore(f"attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store), rank, world
 
 
 def torchrun_joins_one_group():
-    """Join the workers torchrun starts into one process group, on CPUs as on GPUs.
+    """Join the workers torchrun starts into one process group, on CPUs as on GPUs, in every
+    attempt of a job that torchrun restarts.
 
     fairseq reads torchrun's variables only when ``--distributed-world-size`` is above 1, and its
     default is the number of local GPUs (at least 1): on a CPU, on a machine with one GPU, or on
     several machines with one GPU each, every worker trains alone, without an error, and all write
     the same checkpoint files. Given ``--distributed-world-size`` on a machine without CUDA, it
     fails in ``rank % torch.cuda.device_count()``. Under torchrun's variables this wrapper sets the
-    world size and rank from ``WORLD_SIZE`` and ``RANK``, the device from ``LOCAL_RANK`` (modulo its GPUs),
-    ``env://`` as the init method, and ``--distributed-no-spawn`` (torchrun has started the
-    processes). Idempotent.
+    world size and rank from ``WORLD_SIZE`` and ``RANK``, the processes on this machine from
+    ``LOCAL_WORLD_SIZE``, the device from ``LOCAL_RANK`` (modulo its GPUs), ``env://`` as the init
+    method, and ``--distributed-no-spawn`` (torchrun has started the processes).
+
+    torchrun's c10d rendezvous shares its store with the workers, and keeps it over restarts,
+    without a prefix per attempt (torch 2.13; PyTorch's upstream issue #135712): the group a
+    ``--max-restarts`` restart starts reads the keys the lost group wrote and hangs in its
+    distributed init, or fails in gloo's ``connectFullMesh``. There the init method is
+    ``ATTEMPT_INIT_METHOD``, whose keys carry the attempt (``TORCHELASTIC_RESTART_COUNT``): the
+    same for all workers of one machine. Agents of several machines count their restarts apart,
+    and a restart that one counts and another does not leaves the group waiting for the process
+    group's timeout: there ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives each attempt a store of
+    its own, and a warning says so. Idempotent.
 
     Raises:
         ValueError: when ``--distributed-world-size`` differs from ``WORLD_SIZE`` and from its
@@ -302,6 +331,7 @@ def torchrun_joins_one_group():
     original = distributed_utils.infer_init_method
     if getattr(original, "reads_torchrun", False):
         return
+    torch.distributed.register_rendezvous_handler(ATTEMPT_INIT_METHOD.split(":")[0], _attempt_rendezvous)
 
     @functools.wraps(original)
     def infer_init_method(cfg, force_distributed=False):
@@ -313,8 +343,13 @@ def torchrun_joins_one_group():
         if cfg.distributed_world_size not in (world, max(1, torch.cuda.device_count())):
             raise ValueError(f"--distributed-world-size {cfg.distributed_world_size} under torchrun's "
                              f"WORLD_SIZE={world}: leave the flag out (the workers torchrun starts are the group)")
-        cfg.distributed_init_method = "env://"
+        shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        if shared and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and int(os.environ["RANK"]) == 0:
+            logger.warning("torchrun shares its rendezvous store over several machines: a restart that not "
+                           "every machine counts hangs; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun")
+        cfg.distributed_init_method = ATTEMPT_INIT_METHOD if shared else "env://"
         cfg.distributed_world_size, cfg.distributed_rank = world, int(os.environ["RANK"])
+        cfg.distributed_num_procs = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         # LOCAL_RANK among the GPUs this worker sees (one, where a launcher gives each its own)
         local, gpus = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
         cfg.device_id = local % gpus if gpus else local
@@ -322,6 +357,56 @@ def torchrun_joins_one_group():
 
     infer_init_method.reads_torchrun = True
     distributed_utils.infer_init_method = infer_init_method
+
+
+def bmuf_world_size():
+    """Give ``--use-bmuf`` the world size the job runs with.
+
+    fairseq copies ``--distributed-world-size`` into the BMUF config when it parses the command
+    line, before the world size is found from torchrun's or SLURM's variables: under either, BMUF
+    read 1 (the default on a CPU or one GPU), skipped every synchronisation without an error, and
+    the logged config said ``distributed_world_size: 1``. The copy is made again once the world
+    size is known (``distributed_utils.distributed_main``, before ``main``). Idempotent.
+    """
+    original = distributed_utils.distributed_main
+    if getattr(original, "bmuf_world_size", False):
+        return
+
+    @functools.wraps(original)
+    def distributed_main(i, main, cfg, kwargs):
+        if "bmuf" in cfg:
+            cfg.bmuf.distributed_world_size = cfg.distributed_training.distributed_world_size
+        return original(i, main, cfg, kwargs)
+
+    distributed_main.bmuf_world_size = True
+    distributed_utils.distributed_main = distributed_main
+
+
+def pytorch_ddp_on_cpu():
+    """Let ``--ddp-backend pytorch_ddp`` (fairseq's default) wrap a model on the CPU.
+
+    fairseq builds PyTorch's ``DistributedDataParallel`` with ``device_ids=[--device-id]``, which
+    PyTorch refuses for a module on the CPU ("device_ids ... only work with single-device/multiple-device
+    GPU modules"): ``fairseq-train --cpu`` with data parallelism failed unless given
+    ``--ddp-backend legacy_ddp``. For a module whose parameters are all on the CPU the wrapper is
+    built with ``device_ids=None`` (PyTorch's form for CPU modules); everything else as fairseq
+    passes it. Idempotent.
+    """
+    from fairseq.models import distributed_fairseq_model
+
+    original = distributed_fairseq_model.DistributedDataParallel
+    if getattr(original, "cpu_modules", False):
+        return
+
+    class DistributedDataParallel(original):
+        cpu_modules = True
+
+        def __init__(self, module, device_ids=None, output_device=None, **kwargs):
+            if all(p.device.type == "cpu" for p in module.parameters()):
+                device_ids = output_device = None
+            super().__init__(module, device_ids=device_ids, output_device=output_device, **kwargs)
+
+    distributed_fairseq_model.DistributedDataParallel = DistributedDataParallel
 
 
 def heartbeat_ends_a_hung_job():

@@ -205,9 +205,8 @@ def tiny_checkpoint(tmp_path_factory, multi30k_bin):
 
 def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp", worker="ddp_worker.py"):
     """Train ``arch`` with 2 CPU data-parallel ranks (gloo; ``backend`` legacy_ddp, or pytorch_ddp:
-    PyTorch's DistributedDataParallel, fairseq's GPU default, with ``device_ids=None`` and no
-    unused-parameter search), each saving its own checkpoint; ``worker``: the entry point in
-    tests/helpers. Returns (the two ranks' final state dicts, their outputs)."""
+    PyTorch's DistributedDataParallel, fairseq's default, no unused-parameter search), each saving
+    its own checkpoint; ``worker``: the entry point in tests/helpers. Returns (the two ranks' final state dicts, their outputs)."""
     port = free_port()
     commands = []
     for rank in range(2):

@@ -4,10 +4,14 @@ ended by ``--heartbeat-timeout``: ``fairseq_widearch.fairseq_fixes.heartbeat_end
 each time torchrun restarts the group, fairseq resumes from checkpoint_last.pt, and the run ends
 at ``--max-update`` with the parameters of an uninterrupted run, every batch trained once
 (tests/helpers/faulty_worker.py makes the faults and prints each batch's sentences)."""
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,7 +30,7 @@ def torchrun(data, save):
     """Two gloo workers of widenet_tiny under torchrun (c10d rendezvous, a restart per fault,
     ``--heartbeat-timeout HEARTBEAT``), rank 1 failing as ``FAULTS`` says; the final checkpoint,
     per (attempt, rank, update) the sentence ids its batch held, and the output."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "FAULT_RANK": "1",
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT_RANK": "1",
            "FAULTS": ",".join(f"{fault}@{update}" for fault, update in FAULTS)}
     cmd = [BIN / "torchrun", "--nproc-per-node", 2, "--max-restarts", len(FAULTS), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", REPO / "tests" / "helpers" / "faulty_worker.py", data,
@@ -101,3 +105,98 @@ def test_a_kill_while_checkpoint_last_is_written_leaves_the_previous_one_whole(m
     out = resumed.stdout + resumed.stderr
     assert "Loaded checkpoint" in out and "(epoch 1 @ 1 updates)" in out
     assert torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)["optimizer_history"][-1]["num_updates"] == 3
+
+
+#: The outside kills: (torchrun's rendezvous, DDP backend, --heartbeat-timeout or None, when):
+#: "checkpoint" kills rank 1 as soon as the first checkpoint_last.pt appears; "save" kills rank 0,
+#: the rank that saves, while a later checkpoint is being written (a .tmp file beside
+#: checkpoint_last.pt). "static" is torchrun's default rendezvous, "c10d" the manual's multi-machine one.
+OUTSIDE_KILLS = [("c10d", "legacy_ddp", None, "checkpoint"), ("static", "pytorch_ddp", 30, "save")]
+PLAIN_UPDATES, PLAIN_SAVE_EVERY = 16, 4
+
+
+def plain_torchrun(data, save, rdzv, backend, heartbeat, kill=None):
+    """The manual's CPU command under ``torchrun --max-restarts 1`` with torchrun's defaults (its
+    rendezvous store shared with the workers), fairseq's entry point itself, no helper; with
+    ``kill``, a worker SIGKILLed from outside as OUTSIDE_KILLS says. Returns the final checkpoint,
+    whether a kill was sent, and the output."""
+    rendezvous = (["--master-port", free_port()] if rdzv == "static" else
+                  ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"])
+    cmd = [BIN / "torchrun", "--nnodes", 1, "--nproc-per-node", 2, "--max-restarts", 1, *rendezvous,
+           "-m", "fairseq_cli.train", data,
+           "--user-dir", REPO / "fairseq_widearch", "--arch", "widenet_tiny",
+           "--criterion", "moe_label_smoothed_cross_entropy", "--cpu", "--distributed-backend", "gloo",
+           "--ddp-backend", backend, "--optimizer", "adam", "--lr", 0.001, "--max-tokens", 1024, "--seed", 1,
+           "--dropout", 0.1, "--disable-validation", "--no-epoch-checkpoints",
+           "--save-interval-updates", PLAIN_SAVE_EVERY, "--max-update", PLAIN_UPDATES, "--save-dir", save,
+           *(["--heartbeat-timeout", heartbeat] if heartbeat else [])]
+    with tempfile.TemporaryFile("w+") as log:
+        job = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            killed = kill is not None and kill_when(job, save, kill)
+            job.wait(timeout=300)  # a restarted group that hangs fails here
+        finally:  # torchrun and its workers, whatever happened
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, signal.SIGKILL)
+        log.seek(0)
+        out = log.read()
+    assert job.returncode == 0, out[-6000:]
+    return torch.load(save / "checkpoint_last.pt", weights_only=False), killed, out
+
+
+def kill_when(job, save, kill):
+    """SIGKILL a worker of ``job``'s first attempt at the moment ``kill`` names; whether it was sent
+    (False where the job ended first)."""
+    last = save / "checkpoint_last.pt"
+    while True:
+        try:
+            job.wait(timeout=0.002)
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        if kill == "checkpoint" and last.exists():
+            return kill_worker(job, rank=1)
+        if kill == "save" and last.exists() and any(p.suffix == ".tmp" for p in save.iterdir()):
+            return kill_worker(job, rank=0)
+
+
+def kill_worker(job, rank):
+    """SIGKILL the worker of ``rank`` that torchrun (``job``) started first."""
+    for child in Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split():
+        env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RESTART_COUNT=0" in env:
+            os.kill(int(child), signal.SIGKILL)
+            return True
+    raise AssertionError(f"no worker of rank {rank} among torchrun's children")
+
+
+@pytest.fixture(scope="module")
+def plain_uninterrupted(multi30k_bin, tmp_path_factory):
+    """backend -> the final checkpoint of the same job with no kill."""
+    runs = {}
+
+    def get(backend):
+        if backend not in runs:
+            runs[backend] = plain_torchrun(multi30k_bin, tmp_path_factory.mktemp(backend), "static", backend, None)[0]
+        return runs[backend]
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rdzv,backend,heartbeat,kill", OUTSIDE_KILLS)
+def test_a_worker_killed_from_outside_restarts_a_plain_torchrun_job_which_ends_as_an_uninterrupted_run(
+        rdzv, backend, heartbeat, kill, plain_uninterrupted, multi30k_bin, tmp_path):
+    """A plain ``torchrun --max-restarts 1`` job (the rendezvous store shared with its workers, as
+    torchrun does by default, with either rendezvous) loses a worker to a SIGKILL it did not choose the update of: the
+    restarted group joins (``fairseq_widearch.fairseq_fixes.torchrun_joins_one_group``: a key space
+    per attempt in the shared store), resumes from checkpoint_last.pt and ends at --max-update with
+    the uninterrupted run's parameters."""
+    state, killed, out = plain_torchrun(multi30k_bin, tmp_path, rdzv, backend, heartbeat, kill)
+    assert killed
+    # the logged config (each attempt's) states the world the job runs with, BMUF's included
+    assert "'distributed_world_size': 1" not in out and "'distributed_num_procs': 1" not in out
+    assert out.count("'distributed_world_size': 2") == 4 and out.count("'distributed_num_procs': 2") == 2
+    assert re.search(rf"Loaded checkpoint {tmp_path}/checkpoint_last.pt \(epoch \d+ @ [1-9]\d* updates\)", out)
+    assert state["optimizer_history"][-1]["num_updates"] == PLAIN_UPDATES
+    expected = plain_uninterrupted(backend)["model"]
+    assert [k for k in state["model"] if not torch.equal(state["model"][k], expected[k])] == []

@@ -2,10 +2,17 @@
 default world size (``fairseq_widearch.fairseq_fixes.torchrun_joins_one_group``), on the CPU with
 gloo as on GPUs, and train as the same ranks started by hand do."""
 
+import argparse
+
 import pytest
 import torch
+from fairseq import options
 from fairseq.dataclass.configs import DistributedTrainingConfig
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
+from fairseq.models.distributed_fairseq_model import DistributedFairseqModel
+
+from fairseq_widearch import fairseq_fixes
 
 from conftest import BIN, REPO, TINY_ARCHS, TINY_CASES, criterion_for, ddp_train, free_port, run
 
@@ -70,3 +77,49 @@ def test_every_tiny_preset_trains_under_torchrun_as_two_ranks_started_by_hand(ar
     assert state.keys() == by_hand[0].keys()
     differ = {k: (state[k] - by_hand[0][k]).abs().max().item() for k in state if not torch.equal(state[k], by_hand[0][k])}
     assert differ == {}, arch
+
+
+def test_where_torchrun_shares_its_store_each_attempt_joins_under_its_own_keys(monkeypatch):
+    """torchrun's agent keeps one store for every attempt (torch 2.13): a restarted group that read
+    the lost group's keys waited for peers that were gone. The workers' init method puts each
+    attempt's keys under its own prefix."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    agent = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {**TORCHRUN, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(agent.port), "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "1"}
+    cfg = inferred(monkeypatch, {**env, "WORLD_SIZE": "4", "RANK": "3", "LOCAL_WORLD_SIZE": "2"})
+    assert cfg.distributed_init_method == fairseq_fixes.ATTEMPT_INIT_METHOD
+    assert cfg.distributed_num_procs == 2  # the workers on this machine, as the logged config says
+    assert inferred(monkeypatch, {**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "False"}).distributed_init_method == "env://"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    store, rank, world = next(torch.distributed.rendezvous(fairseq_fixes.ATTEMPT_INIT_METHOD, 0, 1))
+    store.set("key", "attempt 1's")
+    assert (rank, world) == (0, 1)
+    assert agent.check(["attempt_1/key"]) and not agent.check(["key"])
+    assert agent.get("attempt_1/key") == b"attempt 1's"
+
+
+def test_bmuf_takes_the_world_size_the_job_runs_with(monkeypatch):
+    """fairseq copies --distributed-world-size into BMUF's config as it parses the command line,
+    before torchrun's or SLURM's variables give the world size: BMUF read 1 and never synchronised."""
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), [
+        "data", "--arch", "transformer", "--cpu", "--use-bmuf"]))
+    cfg.distributed_training.distributed_world_size, cfg.distributed_training.distributed_rank = 4, 3
+    monkeypatch.setattr(distributed_utils, "distributed_init", lambda cfg: cfg.distributed_training.distributed_rank)
+    seen = []
+    distributed_utils.distributed_main(0, lambda cfg: seen.append(cfg.bmuf.distributed_world_size), cfg, {})
+    assert seen == [4]
+
+
+def test_pytorch_ddp_wraps_a_model_on_the_cpu(tmp_path):
+    """fairseq's default --ddp-backend gave a CPU module device_ids=[--device-id], which PyTorch refuses."""
+    args = argparse.Namespace(ddp_backend="pytorch_ddp", device_id=1, broadcast_buffers=False, bucket_cap_mb=25,
+                              find_unused_parameters=False, gradient_as_bucket_view=False, ddp_comm_hook="none",
+                              tpu=False)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        wrapped = DistributedFairseqModel(args, torch.nn.Linear(2, 2), torch.distributed.group.WORLD, torch.device("cpu"))
+        assert wrapped.module.device_ids is None
+    finally:
+        torch.distributed.destroy_process_group()

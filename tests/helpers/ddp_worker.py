@@ -1,15 +1,7 @@
 """fairseq-train for one DDP rank that also saves a checkpoint on non-master ranks, so a test can
 compare the parameters every rank ends with (fairseq saves on rank 0 only), and prints the
 sub-Transformers the scalable task draws at each update (``| drawn <update> <configs>``), so a
-test can compare what every rank trained.
-
-With ``--ddp-backend pytorch_ddp`` (fairseq's GPU default) fairseq builds PyTorch's
-``DistributedDataParallel`` with ``device_ids=[--device-id]``, which PyTorch refuses for a CPU
-module; on CPU this worker builds the same wrapper with ``device_ids=None`` (everything else,
-``find_unused_parameters`` included, as fairseq passes it)."""
-from torch.nn.parallel import DistributedDataParallel
-
-from fairseq.models import distributed_fairseq_model
+test can compare what every rank trained."""
 from fairseq.trainer import Trainer
 from fairseq_cli.train import cli_main
 
@@ -26,14 +18,6 @@ def printed_draw(self, model, update_num):
 
 
 ScalableTranslationTask.sub_transformers = printed_draw
-
-
-class CPUDistributedDataParallel(DistributedDataParallel):
-    def __init__(self, module, device_ids=None, output_device=None, **kwargs):
-        super().__init__(module, device_ids=None, output_device=None, **kwargs)
-
-
-distributed_fairseq_model.DistributedDataParallel = CPUDistributedDataParallel
 
 if __name__ == "__main__":
     cli_main()
