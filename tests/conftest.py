@@ -19,9 +19,8 @@ import warm_python
 #: has imported torch and fairseq once (tests/warm_python.py).
 warm_python.install()
 
-REPO = Path(__file__).resolve().parents[1]
-#: Raw Multi30k for the tests: $MULTI30K_DIR, else a copy beside the checkout (../shared/data/multi30k).
-SHARED_MULTI30K = Path(os.environ.get("MULTI30K_DIR") or REPO.parent / "shared" / "data" / "multi30k")
+from testing_utils import REPO, NoMulti30k, find_multi30k
+
 BIN = Path(sys.executable).parent
 PLUGIN_MODELS = {cls for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_widearch")}
 #: Every architecture the plugin registers, through its `_tiny` preset, and the flags each trains
@@ -124,10 +123,15 @@ def nan_past_last_group(grouped_mm):
 
 
 @pytest.fixture(scope="session")
-def multi30k_dir():
-    if not SHARED_MULTI30K.is_dir():
-        pytest.fail(f"real test data expected at {SHARED_MULTI30K} (set MULTI30K_DIR to a copy of raw Multi30k)")
-    return SHARED_MULTI30K
+def multi30k_dir(request):
+    """Raw Multi30k, En-De-Fr-Cs (testing_utils.find_multi30k). Where none is to be had, the run
+    stops at the first test that needs it, with one line naming MULTI30K_DIR."""
+    try:
+        return find_multi30k()
+    except NoMulti30k as e:
+        message = str(e)
+    request.session.shouldstop = message
+    pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ there, and a ``--work-dir`` already prepared is kept as it is without reading an
 ``--work-dir/{tok,bpe,bin}``; ``bin`` is the fairseq data directory (splits train/valid/test),
 ``bpe/codes`` the BPE codes and ``test.ref.<tgt>`` the raw test reference of each target.
 
-Raises ``SystemExit`` with a message naming what was expected when the data directory is
-missing or malformed, and naming ``--data-dir`` and ``$MULTI30K_DIR`` when the download fails.
+Exits with a message naming what was expected when the data directory is missing or malformed,
+and naming ``--data-dir`` and ``$MULTI30K_DIR`` when the download fails.
 """
 import argparse
 import gzip
@@ -56,6 +56,8 @@ def check_data_dir(data_dir, langs):
 
 
 def download(raw_dir, langs):
+    """Download the release's raw ``{train,val,test_2016_flickr}.{langs}`` into ``raw_dir``, the
+    files absent there only; returns ``raw_dir``. Raises OSError naming the URL that failed."""
     raw_dir.mkdir(parents=True, exist_ok=True)
     for name in SPLITS.values():
         for lang in langs:
@@ -68,10 +70,10 @@ def download(raw_dir, langs):
                 with urllib.request.urlopen(url, timeout=60) as r:
                     text = gzip.decompress(r.read())
             except (urllib.error.URLError, OSError, EOFError) as e:
-                sys.exit(f"error: could not download the Multi30k release ({url}: {e}); pass --data-dir DIR or set "
-                         f"MULTI30K_DIR=DIR to a local copy of its raw text, {{train,val,test_2016_flickr}}."
-                         f"{{{','.join(langs)}}}")
-            out.write_bytes(text)
+                raise OSError(f"could not download the Multi30k release ({url}: {e})") from e
+            part = out.with_suffix(out.suffix + ".part")  # whole or absent: a later run skips what exists
+            part.write_bytes(text)
+            part.replace(out)
     return raw_dir
 
 
@@ -157,7 +159,11 @@ def main(argv=None):
         if prepared(args.work_dir, args.src, tgts):  # no copy named, none needed
             print(f"| {args.work_dir / 'bin'} already prepared", flush=True)
             return args.work_dir / "bin"
-        data_dir = download(args.work_dir / "raw", langs)
+        try:
+            data_dir = download(args.work_dir / "raw", langs)
+        except OSError as e:
+            sys.exit(f"error: {e}; pass --data-dir DIR or set MULTI30K_DIR=DIR to a local copy of its raw text, "
+                     f"{{train,val,test_2016_flickr}}.{{{','.join(langs)}}}")
     check_data_dir(data_dir, langs)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     for tgt in tgts:  # the raw test references, for sacreBLEU against detokenized output
