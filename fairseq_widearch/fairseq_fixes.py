@@ -289,7 +289,7 @@ def bf16_inference():
 #: The variables torchrun (and torch.distributed.launch) sets in every worker it starts.
 TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 #: The init method of torchrun's workers where torchrun shares its rendezvous store with them (its
-#: default with the c10d rendezvous): ``env://``'s store, its keys under the attempt's own prefix.
+#: default, static and c10d rendezvous alike): ``env://``'s store, its keys under the attempt's own prefix.
 ATTEMPT_INIT_METHOD = "torchrun-attempt://"
 
 
@@ -314,19 +314,20 @@ def torchrun_joins_one_group():
     ``LOCAL_WORLD_SIZE``, the device from ``LOCAL_RANK`` (modulo its GPUs), ``env://`` as the init
     method, and ``--distributed-no-spawn`` (torchrun has started the processes).
 
-    torchrun's c10d rendezvous shares its store with the workers, and keeps it over restarts,
-    without a prefix per attempt (torch 2.13; PyTorch's upstream issue #135712): the group a
-    ``--max-restarts`` restart starts reads the keys the lost group wrote and hangs in its
-    distributed init, or fails in gloo's ``connectFullMesh``. There the init method is
+    torchrun shares its rendezvous store with the workers (static and c10d rendezvous alike), and
+    keeps it over restarts, without a prefix per attempt (torch 2.13; PyTorch's upstream issue
+    #135712): the group a ``--max-restarts`` restart starts reads the keys the lost group wrote and
+    hangs in its distributed init, or fails in gloo's ``connectFullMesh``. There the init method is
     ``ATTEMPT_INIT_METHOD``, whose keys carry the attempt (``TORCHELASTIC_RESTART_COUNT``): the
-    same for all workers of one machine. Agents of several machines count their restarts apart,
-    and a restart that one counts and another does not leaves the group waiting for the process
-    group's timeout: there ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives each attempt a store of
-    its own, and a warning says so. Idempotent.
+    same for all workers of one machine. Agents of several machines count their restarts apart, so
+    that a restart would wait for the process group's timeout (30 minutes): such a job stops at
+    its start instead, naming the form that restarts (the c10d rendezvous with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, a store per attempt). Idempotent.
 
     Raises:
         ValueError: when ``--distributed-world-size`` differs from ``WORLD_SIZE`` and from its
-            default (a value equal to the default cannot be told from the default, and yields).
+            default (a value equal to the default cannot be told from the default, and yields);
+            when torchrun may restart the workers of several machines sharing its store.
     """
     original = distributed_utils.infer_init_method
     if getattr(original, "reads_torchrun", False):
@@ -344,9 +345,10 @@ def torchrun_joins_one_group():
             raise ValueError(f"--distributed-world-size {cfg.distributed_world_size} under torchrun's "
                              f"WORLD_SIZE={world}: leave the flag out (the workers torchrun starts are the group)")
         shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        if shared and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and int(os.environ["RANK"]) == 0:
-            logger.warning("torchrun shares its rendezvous store over several machines: a restart that not "
-                           "every machine counts hangs; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun")
+        if (shared and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
+                and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
+            raise ValueError("torchrun --max-restarts on several machines sharing its rendezvous store: a restart "
+                             "would hang; run TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend c10d ...")
         cfg.distributed_init_method = ATTEMPT_INIT_METHOD if shared else "env://"
         cfg.distributed_world_size, cfg.distributed_rank = world, int(os.environ["RANK"])
         cfg.distributed_num_procs = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -359,27 +361,28 @@ def torchrun_joins_one_group():
     distributed_utils.infer_init_method = infer_init_method
 
 
+_fairseq_distributed_main = distributed_utils.distributed_main
+
+
+def _distributed_main(i, main, cfg, kwargs):
+    """fairseq's ``distributed_main`` after the BMUF config's world size is set (bmuf_world_size).
+    A function of this module, so that fairseq's spawned workers, which unpickle it by name, import
+    the plugin and run it too."""
+    if "bmuf" in cfg:
+        cfg.bmuf.distributed_world_size = cfg.distributed_training.distributed_world_size
+    return _fairseq_distributed_main(i, main, cfg, kwargs)
+
+
 def bmuf_world_size():
     """Give ``--use-bmuf`` the world size the job runs with.
 
     fairseq copies ``--distributed-world-size`` into the BMUF config when it parses the command
     line, before the world size is found from torchrun's or SLURM's variables: under either, BMUF
-    read 1 (the default on a CPU or one GPU), skipped every synchronisation without an error, and
-    the logged config said ``distributed_world_size: 1``. The copy is made again once the world
-    size is known (``distributed_utils.distributed_main``, before ``main``). Idempotent.
+    read the default (1 on a CPU or one GPU), skipped its synchronisations without an error, and
+    the logged config said so. The copy is made again once the world size is known
+    (``distributed_utils.distributed_main``, before ``main``). Idempotent.
     """
-    original = distributed_utils.distributed_main
-    if getattr(original, "bmuf_world_size", False):
-        return
-
-    @functools.wraps(original)
-    def distributed_main(i, main, cfg, kwargs):
-        if "bmuf" in cfg:
-            cfg.bmuf.distributed_world_size = cfg.distributed_training.distributed_world_size
-        return original(i, main, cfg, kwargs)
-
-    distributed_main.bmuf_world_size = True
-    distributed_utils.distributed_main = distributed_main
+    distributed_utils.distributed_main = _distributed_main
 
 
 def pytorch_ddp_on_cpu():
