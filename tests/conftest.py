@@ -1,32 +1,19 @@
-"""Shared fixtures: tiny real data (a slice of Multi30k) and CLI runners."""
+"""Shared fixtures: tiny real data (slices of Multi30k) and trained checkpoints; helpers are in
+testing_utils.py."""
 import os
 import shutil
-import socket
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
 
-import fairseq_widearch  # noqa: F401  (registers the plugin)
-from fairseq.models import ARCH_MODEL_REGISTRY
-from fairseq_widearch.experiments.settings import criterion, tiny_cases
 import warm_python
 
 #: The Python programs the tests start (fairseq-train and the rest) fork from an interpreter that
 #: has imported torch and fairseq once (tests/warm_python.py).
 warm_python.install()
 
-from testing_utils import REPO, NoMulti30k, find_multi30k
-
-BIN = Path(sys.executable).parent
-PLUGIN_MODELS = {cls for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_widearch")}
-#: Every architecture the plugin registers, through its `_tiny` preset, and the flags each trains
-#: with beyond its arch (the scalable one under its own task, in stage 2).
-TINY_CASES = tiny_cases()
-TINY_ARCHS = sorted(TINY_CASES)
+from testing_utils import REPO, NoMulti30k, fairseq_cli, find_multi30k, run, train
 
 
 def pytest_configure(config):
@@ -62,25 +49,7 @@ def pytest_runtest_protocol(item, nextitem):
             os.environ[name] = environment[name]
 
 
-def run(cmd, cwd=None, env=None, timeout=600, input=None):
-    """Run a command (``input``: text for its stdin); on failure raise with its output so pytest shows why."""
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, input=input)
-    if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
-                             f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
-    return proc
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (for a rendezvous the test starts next)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def fairseq_cli(tool):
-    return BIN / f"fairseq-{tool}"
 
 
 @pytest.fixture
@@ -174,22 +143,7 @@ def multi30k_o2m_bin(tmp_path_factory, multi30k_dir):
     return work / "bin"
 
 
-TRAIN_FLAGS = ["--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "1024",
-               "--label-smoothing", "0.1", "--seed", "1",
-               "--log-format", "simple", "--log-interval", "1", "--no-epoch-checkpoints", "--disable-validation"]
 
-
-def criterion_for(arch):
-    """``--criterion`` flags for ``arch``: the criterion of its auxiliary losses, else label-smoothed CE."""
-    return ["--criterion", criterion(arch)]
-
-
-def train(data, save_dir, arch, *extra, cwd=None, user_dir=None, max_update=3, validate=False):
-    """fairseq-train ``arch`` (criterion from :func:`criterion_for` unless ``extra`` names one)."""
-    flags = TRAIN_FLAGS if not validate else [f for f in TRAIN_FLAGS if f != "--disable-validation"]
-    criterion = [] if "--criterion" in extra else criterion_for(arch)
-    return run([fairseq_cli("train"), data, "--user-dir", user_dir or REPO / "fairseq_widearch", "--arch", arch,
-                "--save-dir", save_dir, "--max-update", max_update, *flags, *criterion, *extra], cwd=cwd)
 
 
 @pytest.fixture(scope="session")
@@ -205,30 +159,3 @@ def tiny_checkpoint(tmp_path_factory, multi30k_bin):
         return trained[arch]
 
     return get
-
-
-def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp", worker="ddp_worker.py"):
-    """Train ``arch`` with 2 CPU data-parallel ranks (gloo; ``backend`` legacy_ddp, or pytorch_ddp:
-    PyTorch's DistributedDataParallel, fairseq's default, no unused-parameter search), each saving
-    its own checkpoint; ``worker``: the entry point in tests/helpers. Returns (the two ranks' final state dicts, their outputs)."""
-    port = free_port()
-    commands = []
-    for rank in range(2):
-        (tmp_path / f"rank{rank}").mkdir()  # fairseq creates the save dir on the master only
-        cmd = [sys.executable, REPO / "tests" / "helpers" / worker, data,
-               "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", tmp_path / f"rank{rank}",
-               "--max-update", max_update, "--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001",
-               "--max-tokens", "512", "--seed", "1", "--disable-validation", "--no-epoch-checkpoints",
-               "--ddp-backend", backend, "--distributed-backend", "gloo", "--distributed-world-size", "2",
-               "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-rank", str(rank),
-               "--distributed-no-spawn", "--device-id", "0", *([] if "--criterion" in extra else criterion_for(arch)),
-               *extra]
-        commands.append([str(c) for c in cmd])
-    # both ranks at once, each by subprocess.run (served by the warm interpreter)
-    with ThreadPoolExecutor(2) as pool:
-        procs = list(pool.map(lambda cmd: subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                          text=True, timeout=600), commands))
-    outs = [p.stdout for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-4000:]
-    return [torch.load(tmp_path / f"rank{r}" / "checkpoint_last.pt")["model"] for r in range(2)], outs

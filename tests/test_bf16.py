@@ -15,7 +15,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 from omegaconf import OmegaConf
 
-from conftest import REPO, TINY_ARCHS, TINY_CASES, TRAIN_FLAGS, criterion_for, fairseq_cli, run
+from testing_utils import REPO, TINY_ARCHS, TINY_CASES, TRAIN_FLAGS, criterion_for, fairseq, run
 from test_fused_attention import OWN_SELF_ATTENTION
 from tier_checks import (LOGPROB_TOLERANCE, TRAIN_FLAGS as TIER_FLAGS, UPDATES as TIER_UPDATES,
                          causal_kernel_against_masks, check_training, fp32_islands, incremental_against_full)
@@ -147,9 +147,9 @@ def test_the_tiers_short_schedule_trains_in_bf16_with_finite_statistics(multi30k
     warm-up updates, 4,096 tokens) on the 1,000-sentence slice, one preset, over the warm-up of the
     tier's short schedule only (bf16 has no loss scale to watch after it), logged every 10 updates."""
     arch, updates, interval = "multipath_transformer_tiny", min(TIER_UPDATES.values()) // 2, 10
-    log = run([fairseq_cli("train"), multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--arch", arch,
-               "--save-dir", tmp_path, "--cpu", "--bf16", *TIER_FLAGS, "--max-update", updates,
-               "--log-interval", interval, *criterion_for(arch), "--max-tokens", "1024"])
-    stats = train_inner(log.stdout + log.stderr)
+    log = fairseq("train", multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--arch", arch,
+                  "--save-dir", tmp_path, "--cpu", "--bf16", *TIER_FLAGS, "--max-update", updates,
+                  "--log-interval", interval, *criterion_for(arch), "--max-tokens", "1024")
+    stats = train_inner(log.stdout)
     assert len(stats) == updates // interval
     check_training(stats)

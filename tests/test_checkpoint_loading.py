@@ -8,7 +8,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from conftest import REPO, fairseq_cli, run, train
+from testing_utils import REPO, cli, fairseq, train
 
 ARCHS = ["transformer_tiny", "multipath_transformer_tiny"]
 
@@ -50,13 +50,10 @@ def test_training_resumes_from_checkpoint_last(trained, multi30k_bin):
 @pytest.mark.slow
 def test_fairseq_interactive_translates_with_the_checkpoint(trained, multi30k_bin):
     _, save = trained
-    proc = __import__("subprocess").run(
-        [str(fairseq_cli("interactive")), str(multi30k_bin), "--user-dir", str(REPO / "fairseq_widearch"),
-         "--path", str(save / "checkpoint_last.pt"), "--cpu", "--beam", "2", "--max-len-b", "5",
-         "--source-lang", "en", "--target-lang", "de"],
-        input="a man is sleeping .\n", capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert any(line.startswith("H-0") for line in proc.stdout.splitlines())
+    out = fairseq("interactive", multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--path",
+                  save / "checkpoint_last.pt", "--cpu", "--beam", 2, "--max-len-b", 5, "--source-lang", "en",
+                  "--target-lang", "de", stdin="a man is sleeping .\n").stdout
+    assert any(line.startswith("H-0") for line in out.splitlines())
 
 
 class _RunsCodeWhenUnpickled:
@@ -105,8 +102,9 @@ def test_average_checkpoints_of_the_last_updates(multi30k_bin, tmp_path):
     """The average of the last two interval checkpoints, loadable for decoding."""
     train(multi30k_bin, tmp_path, "transformer_tiny", "--save-interval-updates", "1", "--keep-interval-updates", "-1",
           max_update=3)
-    run([sys.executable, "-m", "fairseq_widearch.cli.average_checkpoints", "--inputs", tmp_path,
-         "--num-update-checkpoints", "2", "--out", tmp_path / "avg.pt"])
+    averaging = cli("fairseq_widearch.cli.average_checkpoints", "--inputs", tmp_path, "--num-update-checkpoints", 2,
+                    "--out", tmp_path / "avg.pt")
+    assert averaging.returncode == 0, averaging.stderr
     states = [torch.load(tmp_path / f"checkpoint_1_{u}.pt") for u in (2, 3)]
     averaged = torch.load(tmp_path / "avg.pt")
     for name, value in averaged["model"].items():

@@ -23,7 +23,7 @@ import pytest
 from fairseq import options
 from fairseq.models.transformer import TransformerConfig
 
-from conftest import PLUGIN_MODELS, REPO
+from testing_utils import PLUGIN_MODELS, REPO
 
 FAIRSEQ_TOOLS = {"fairseq-train": options.get_training_parser, "fairseq-generate": options.get_generation_parser,
                  "fairseq-interactive": options.get_interactive_generation_parser,

@@ -7,7 +7,7 @@ from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_widearch.model_builder import build_model
-from conftest import PLUGIN_MODELS, REPO, TINY_ARCHS, ddp_train, fairseq_cli, run, train
+from testing_utils import PLUGIN_MODELS, REPO, TINY_ARCHS, ddp_train, fairseq, train
 
 VOCAB = 40
 PAD = 1
@@ -117,9 +117,9 @@ def test_train_then_generate_on_real_data(arch, multi30k_bin, tmp_path):
     save = tmp_path / "ckpt"
     log = train(multi30k_bin, save, arch, "--user-dir", "fairseq_widearch", cwd=REPO, max_update=4).stdout
     assert "num_updates 4" in log
-    gen = run([fairseq_cli("generate"), multi30k_bin, "--user-dir", "fairseq_widearch", "--path",
-               save / "checkpoint_last.pt", "--gen-subset", "valid", "--max-sentences", "16", "--beam", "3",
-               "--max-len-b", "10", "--cpu", "--remove-bpe", "--print-alignment"], cwd=REPO).stdout
+    gen = fairseq("generate", multi30k_bin, "--user-dir", "fairseq_widearch", "--path",
+                  save / "checkpoint_last.pt", "--gen-subset", "valid", "--max-sentences", "16", "--beam", "3",
+                  "--max-len-b", "10", "--cpu", "--remove-bpe", "--print-alignment", cwd=REPO).stdout
     hyps = [line for line in gen.splitlines() if line.startswith("H-")]
     sources = [line for line in gen.splitlines() if line.startswith("S-")]
     assert len(hyps) == len(sources) == 1014  # every sentence of Multi30k val

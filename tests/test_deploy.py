@@ -10,13 +10,11 @@ in either engine, and both BLEU scores."""
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO, fairseq_cli, run, train
+from testing_utils import REPO, cli, fairseq, train
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 sacrebleu = pytest.importorskip("sacrebleu")
@@ -40,9 +38,8 @@ def report(**row):
             f.write(json.dumps(row) + "\n")
 
 
-def cli(module, *args):
-    return subprocess.run([sys.executable, "-m", f"fairseq_widearch.cli.{module}", *map(str, args)],
-                          capture_output=True, text=True)
+def tool(module, *args):
+    return cli(f"fairseq_widearch.cli.{module}", *args)
 
 
 def pruned_latent(data, root):
@@ -52,7 +49,7 @@ def pruned_latent(data, root):
     state["model"]["encoder.layer_select.logits"][0] = torch.tensor([3.0, 3.0])
     state["model"]["decoder.layer_select.logits"][0] = torch.tensor([3.0, -3.0, 3.0])
     torch.save(state, root / "decided.pt")
-    proc = cli("prune_latent_layers", "--checkpoint", root / "decided.pt", "--out", root / "model.pt")
+    proc = tool("prune_latent_layers", "--checkpoint", root / "decided.pt", "--out", root / "model.pt")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return root / "model.pt"
 
@@ -60,7 +57,7 @@ def pruned_latent(data, root):
 def scalable_export(data, root, *extra):
     train(data, root, "scalable_transformer_tiny", *SCALABLE, *FLAGS, *extra,
           max_update=UPDATES["scalable_transformer_tiny"])
-    proc = cli("export_subnet", "--checkpoint", root / "checkpoint_last.pt", "--width", 64, "--out", root / "model.pt")
+    proc = tool("export_subnet", "--checkpoint", root / "checkpoint_last.pt", "--width", 64, "--out", root / "model.pt")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return root / "model.pt"
 
@@ -80,7 +77,7 @@ def deployed(multi30k_bin, tmp_path_factory):
             checkpoint = MODELS[name](multi30k_bin, root)
             for quantization in ("fp32", "int8"):
                 extra = ["--quantization", "int8"] if quantization == "int8" else []
-                proc = cli("export_ctranslate2", "--checkpoint", checkpoint, "--data", multi30k_bin,
+                proc = tool("export_ctranslate2", "--checkpoint", checkpoint, "--data", multi30k_bin,
                            "--out", root / quantization, *extra)
                 assert proc.returncode == 0, proc.stderr[-2000:]
             built[name] = checkpoint, root / "fp32", root / "int8"
@@ -91,9 +88,9 @@ def deployed(multi30k_bin, tmp_path_factory):
 
 def fairseq_generate(data, checkpoint, beam):
     """``{id: (source tokens, reference, hypothesis tokens)}`` of fairseq-generate on valid shard 0."""
-    out = run([fairseq_cli("generate"), data, "--path", checkpoint, "--user-dir", REPO / "fairseq_widearch",
-               "--gen-subset", "valid", "--beam", beam, "--max-len-b", MAX_LEN, "--cpu", "--batch-size", "64",
-               *SHARD]).stdout
+    out = fairseq("generate", data, "--path", checkpoint, "--user-dir", REPO / "fairseq_widearch",
+                  "--gen-subset", "valid", "--beam", beam, "--max-len-b", MAX_LEN, "--cpu", "--batch-size", "64",
+                  *SHARD).stdout
     lines = {}
     for line in out.splitlines():
         m = re.match(r"([STH])-(\d+)\t(.*)", line)
@@ -137,7 +134,7 @@ def test_ctranslate2_translates_as_fairseq_generate(name, beam, deployed, multi3
 
 @pytest.mark.slow
 def test_other_checkpoints_are_refused_naming_the_reason(tiny_checkpoint, multi30k_bin, tmp_path):
-    proc = cli("export_ctranslate2", "--checkpoint", tiny_checkpoint("multipath_transformer_tiny") / "checkpoint_last.pt",
+    proc = tool("export_ctranslate2", "--checkpoint", tiny_checkpoint("multipath_transformer_tiny") / "checkpoint_last.pt",
                "--data", multi30k_bin, "--out", tmp_path / "ct2")
     assert proc.returncode != 0 and "CTranslate2 has no layer for it" in proc.stderr
     assert not (tmp_path / "ct2").exists()

@@ -10,7 +10,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.tasks import TASK_DATACLASS_REGISTRY
 from fairseq.tasks.translation import TranslationConfig
 
-from conftest import PLUGIN_MODELS, REPO
+from testing_utils import PLUGIN_MODELS, REPO
 
 DOCS = REPO / "docs"
 INHERITED = {f.name for base in (TransformerConfig, TranslationConfig, FairseqDataclass)

@@ -8,16 +8,16 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from testing_utils import REPO
 
 #: Words of how the project is worked on: an internal issue number ("issue #56", "issues 12"), a GPU
 #: machine lent, a period of work, the time a machine is lent for. Upstream references keep their form
 #: ("upstream issue #4696", "upstream issues #5036 and #5351": matched with their "upstream" and let
-#: pass, see :func:`workflow_words`); pytest's session scope is not meant.
+#: pass, see :func:`workflow_words`); pytest's session scope and object are not meant.
 WORKFLOW_WORDS = re.compile(
     r"(?P<upstream>\bupstream\s+)?\bissues?\s+#?\d+"                # an issue number, upstream or not
     r"|\bloans?\b"                                                    # a GPU machine lent
-    r"|(?<!scope=\")(?<!scope=')\bsessions?\b(?![-_ ]scope)"          # a period of work
+    r"|(?<!scope=\")(?<!scope=')(?<!\.)\bsessions?\b(?![-_ ]scope)"   # a period of work
     r"|\bdevice\s+time\b|\bthe\s+device\s+tool\b", re.IGNORECASE)     # the machine's allowance, its tool
 
 
@@ -97,7 +97,7 @@ FLAGGED = [" ".join(words) for words in (
     ("the", "fifth", "loan"), ("in", "the", "next", "session"), ("811", "s", "of", "device", "time"),
     ("no", "device\ntime", "was", "left"), ("ask", "the", "device", "tool"))]
 PASSED = ["upstream issue #4696", "upstream\nissue #4696", "upstream issues #5036 and #5351",
-          '@pytest.fixture(scope="session")', "session-scoped fixture", "once per routing call", "two calls",
+          '@pytest.fixture(scope="session")', "session-scoped fixture", "request.session.shouldstop = message", "once per routing call", "two calls",
           "call 1 of the router", "the first calls", "both calls", "9.7 ms of GPU time per step"]
 
 

@@ -14,7 +14,7 @@ from fairseq_widearch.fairseq_fixes import alignments_for_criterion
 from fairseq_widearch.model_builder import build_model, parse_arch_args
 from fairseq_widearch.models.base import targets_right_padded, use_causal_kernel
 from fairseq_widearch.modules.attention_utils import dot_product_attention
-from conftest import TINY_ARCHS
+from testing_utils import TINY_ARCHS
 
 VOCAB, PAD = 40, 1
 #: The tiny presets whose decoder self-attention is the plugin's own module (WideNet and latent

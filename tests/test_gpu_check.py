@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from testing_utils import REPO
 
 spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
 gpu_check = importlib.util.module_from_spec(spec)

@@ -2,7 +2,7 @@
 import pytest
 from fairseq.models import ARCH_MODEL_REGISTRY
 
-from conftest import TINY_ARCHS
+from testing_utils import TINY_ARCHS
 
 
 @pytest.mark.slow

@@ -3,17 +3,15 @@
 their models): what each block and sub-layer adds to the residual stream, against the comparison's
 stock pre-norm Transformer, on 48 real Multi30k val sentences."""
 import json
-import sys
 
 import pytest
 
-from conftest import REPO, run
+from testing_utils import cli
 
 
 def init_scale(data, system: str) -> dict:
     """The benchmark's JSON line for ``system`` (init-time scales only)."""
-    out = run([sys.executable, REPO / "benchmarks" / "init_scale.py", "--data", data, "--system", system,
-               "--updates", "0", "--sentences", "48"]).stdout
+    out = cli("init_scale", "--data", data, "--system", system, "--updates", 0, "--sentences", 48).stdout
     return json.loads(out.splitlines()[-1])
 
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import REPO, TINY_ARCHS, fairseq_cli, run
+from testing_utils import REPO, TINY_ARCHS, fairseq
 
 MAX_SOURCE_POSITIONS = 32
 LINES = ["A man is riding a bike.",
@@ -16,10 +16,10 @@ TOO_LONG = 2
 
 def interactive(checkpoint, data, *extra):
     bpe = data.parent / "bpe" / "codes"
-    return run([fairseq_cli("interactive"), data, "--user-dir", REPO / "fairseq_widearch", "--path", checkpoint,
-                "--cpu", "--beam", 2, "--max-len-b", 8, "--source-lang", "en", "--target-lang", "de",
-                "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", bpe,
-                "--max-source-positions", MAX_SOURCE_POSITIONS, *extra], input="\n".join(LINES) + "\n")
+    return fairseq("interactive", data, "--user-dir", REPO / "fairseq_widearch", "--path", checkpoint,
+                   "--cpu", "--beam", 2, "--max-len-b", 8, "--source-lang", "en", "--target-lang", "de",
+                   "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", bpe,
+                   "--max-source-positions", MAX_SOURCE_POSITIONS, *extra, stdin="\n".join(LINES) + "\n")
 
 
 @pytest.mark.slow
@@ -30,7 +30,7 @@ def test_empty_too_long_and_unknown_input_is_translated_or_skipped_with_a_warnin
     hypotheses = {int(i) for i in re.findall(r"^H-(\d+)\t", proc.stdout, re.M)}
     assert hypotheses == set(range(len(LINES))) - {TOO_LONG}
     assert re.search(rf"1 samples have invalid sizes and will be skipped, max_positions=\({MAX_SOURCE_POSITIONS}, ",
-                     proc.stderr)
+                     proc.stdout)
     unknown_source = re.search(rf"^S-{len(LINES) - 1}\t(.*)$", proc.stdout, re.M).group(1)
     assert "<unk>" in unknown_source
 

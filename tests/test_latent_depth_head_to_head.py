@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from testing_utils import REPO
 
 RUNNER = REPO / "examples" / "latent_depth" / "head_to_head.py"
 ENV = {**os.environ, "VENV": str(Path(sys.executable).parent.parent)}  # this test run's virtualenv

@@ -1,11 +1,10 @@
 """Multilingual latent depth on fairseq's translation_multi_simple_epoch (one-to-many Multi30k):
 one posterior per language pair, the aggregated-posterior prior, pruning for one pair."""
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO, fairseq_cli, run, train
+from testing_utils import REPO, cli, fairseq_cli, run, train
 from test_prune_latent_layers import prune
 
 PAIRS = ["--task", "translation_multi_simple_epoch", "--lang-pairs", "en-de,en-fr,en-cs", "--decoder-langtok"]
@@ -62,9 +61,9 @@ def test_pruned_for_one_pair_decodes_without_the_plugin_like_hard_selection(trai
 
 @pytest.mark.slow
 def test_language_tokens_that_cannot_tell_the_pairs_apart_fail_naming_the_flag(multi30k_o2m_bin, tmp_path):
-    with pytest.raises(AssertionError, match="--encoder-langtok src gives the language pairs"):
+    with pytest.raises(ValueError, match="--encoder-langtok src gives the language pairs"):
         train(multi30k_o2m_bin, tmp_path, "latent_depth_transformer_tiny", *PAIRS, "--encoder-langtok", "src")
-    with pytest.raises(AssertionError, match="set --encoder-langtok"):
+    with pytest.raises(ValueError, match="set --encoder-langtok"):
         train(multi30k_o2m_bin, tmp_path, "latent_depth_transformer_tiny", *PAIRS)
 
 
@@ -72,7 +71,8 @@ def test_language_tokens_that_cannot_tell_the_pairs_apart_fail_naming_the_flag(m
 def test_layer_utilization_plot_from_checkpoints(trained, tmp_path):
     checkpoint, _ = trained
     out = tmp_path / "u.png"
-    proc = run([sys.executable, "-m", "fairseq_widearch.cli.plot_layer_utilization", checkpoint.parent, "--out", out])
+    proc = cli("fairseq_widearch.cli.plot_layer_utilization", checkpoint.parent, "--out", out)
+    assert proc.returncode == 0, proc.stderr
     assert "3 checkpoints (1 to 3 updates)" in proc.stdout  # checkpoint_last repeats update 3
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     logits = torch.load(checkpoint)["model"]["decoder.layer_select.logits"]

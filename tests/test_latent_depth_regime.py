@@ -10,7 +10,7 @@ from argparse import Namespace
 
 import pytest
 
-from conftest import REPO
+from testing_utils import REPO
 
 SCRIPT = REPO / "examples" / "latent_depth" / "depth_regime.py"
 sys.path.insert(0, str(SCRIPT.parent))  # the script imports its neighbour head_to_head.py, as when run

@@ -11,12 +11,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import BIN, REPO, TRAIN_FLAGS, criterion_for, ddp_train, free_port, run, train
+from testing_utils import BIN, REPO, TRAIN_FLAGS, criterion_for, ddp_train, free_port, run, train
 
 #: Each fault comes two updates after a checkpoint: the faulty rank cannot start the second before
 #: rank 0 has written the checkpoint (the first's gradients wait for rank 0 in the all-reduce).
@@ -134,7 +135,9 @@ def plain_torchrun(data, save, rdzv, backend, heartbeat, kill=None):
         job = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             killed = kill is not None and kill_when(job, save, kill)
-            job.wait(timeout=300)  # a restarted group that hangs fails here
+            job.wait(timeout=300)  # a restarted group that hangs ends here
+        except subprocess.TimeoutExpired:
+            pass
         finally:  # torchrun and its workers, whatever happened
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(job.pid, signal.SIGKILL)
@@ -144,11 +147,11 @@ def plain_torchrun(data, save, rdzv, backend, heartbeat, kill=None):
     return torch.load(save / "checkpoint_last.pt", weights_only=False), killed, out
 
 
-def kill_when(job, save, kill):
+def kill_when(job, save, kill, timeout=300):
     """SIGKILL a worker of ``job``'s first attempt at the moment ``kill`` names; whether it was sent
-    (False where the job ended first)."""
-    last = save / "checkpoint_last.pt"
-    while True:
+    (False where the job ended, or ``timeout`` seconds passed, first)."""
+    last, deadline = save / "checkpoint_last.pt", time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
             job.wait(timeout=0.002)
             return False
@@ -156,8 +159,21 @@ def kill_when(job, save, kill):
             pass
         if kill == "checkpoint" and last.exists():
             return kill_worker(job, rank=1)
-        if kill == "save" and last.exists() and any(p.suffix == ".tmp" for p in save.iterdir()):
+        if kill == "save" and saving(save, last):
             return kill_worker(job, rank=0)
+    return False
+
+
+def saving(save, last):
+    """Whether a save after the first is under way: a file being written (``.tmp``), or a newer
+    ``checkpoint_<epoch>_<update>.pt`` than ``checkpoint_last.pt``, which is copied from it next."""
+    try:
+        if not last.exists():
+            return False
+        newer = last.stat().st_mtime_ns
+        return any(p.suffix == ".tmp" or p.name != last.name and p.stat().st_mtime_ns > newer for p in save.iterdir())
+    except FileNotFoundError:  # renamed while looked at: a save under way
+        return True
 
 
 def kill_worker(job, rank):
@@ -196,7 +212,7 @@ def test_a_worker_killed_from_outside_restarts_a_plain_torchrun_job_which_ends_a
     # the logged config (each attempt's) states the world the job runs with, BMUF's included
     assert "'distributed_world_size': 1" not in out and "'distributed_num_procs': 1" not in out
     assert out.count("'distributed_world_size': 2") == 4 and out.count("'distributed_num_procs': 2") == 2
-    assert re.search(rf"Loaded checkpoint {tmp_path}/checkpoint_last.pt \(epoch \d+ @ [1-9]\d* updates\)", out)
+    assert re.search(rf"Loaded checkpoint {re.escape(str(tmp_path))}/checkpoint_last.pt \(epoch \d+ @ [1-9]\d* updates\)", out)
     assert state["optimizer_history"][-1]["num_updates"] == PLAIN_UPDATES
     expected = plain_uninterrupted(backend)["model"]
     assert [k for k in state["model"] if not torch.equal(state["model"][k], expected[k])] == []

@@ -5,12 +5,10 @@ so that a change which adds work to either side shows in the fast tier, whatever
 speed. The recorded figures are those of 2026-11-27 (docs/benchmarks.md, "Operators per step"); a
 change that moves one by more than ``MARGIN`` either way updates them there and here, with its reason."""
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from testing_utils import cli
 
 #: preset -> (its operators, its twin's, host waits, atomic adds) in one training step; the twin's
 #: encoder depth is the one of equal training FLOPs (9, 6, 2, 2 and 3 layers).
@@ -25,8 +23,7 @@ MARGIN = 0.005
 
 @pytest.fixture(scope="module")
 def counted():
-    out = subprocess.run([sys.executable, REPO / "benchmarks" / "operator_counts.py", "--systems", ";".join(RECORDED)],
-                         capture_output=True, text=True, check=True, timeout=300).stdout
+    out = cli("operator_counts", "--systems", ";".join(RECORDED)).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

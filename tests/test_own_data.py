@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from testing_utils import REPO
 from fairseq_widearch.experiments.settings import criterion
 
 #: architecture -> its page; each page's "Usage" opens with its own-data block.

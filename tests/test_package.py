@@ -9,7 +9,7 @@ import pytest
 import fairseq_widearch
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
-from conftest import REPO, fairseq_cli
+from testing_utils import REPO, fairseq_cli
 from models.test_multipath_transformer import TABLE2_PARAMS
 
 

@@ -1,12 +1,10 @@
 """python -m fairseq_widearch.cli.prune_latent_layers: a stock transformer that stock fairseq
 loads without the plugin and that translates exactly like the hard-selected latent model."""
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO, fairseq_cli, run, train
+from testing_utils import REPO, cli, fairseq_cli, run, train
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +20,7 @@ def latent_checkpoint(multi30k_bin, tmp_path_factory):
 
 
 def prune(checkpoint, out, *extra):
-    return subprocess.run([sys.executable, "-m", "fairseq_widearch.cli.prune_latent_layers", "--checkpoint",
-                           str(checkpoint), "--out", str(out), *extra], capture_output=True, text=True)
+    return cli("fairseq_widearch.cli.prune_latent_layers", "--checkpoint", checkpoint, "--out", out, *extra)
 
 
 def hypotheses(data, checkpoint, *extra):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from testing_utils import REPO
 
 PREPARE = REPO / "examples" / "multi30k" / "prepare.py"
 

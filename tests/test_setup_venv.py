@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from testing_utils import REPO
 
 SCRIPT = REPO / "examples" / "setup_venv.sh"
 

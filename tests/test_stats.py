@@ -1,19 +1,18 @@
 """python -m fairseq_widearch.cli.stats on stock fairseq and plugin architectures."""
 import json
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import TINY_ARCHS, run
+from testing_utils import TINY_ARCHS, cli
 from fairseq_widearch.experiments.counting import param_counts, preset_param_counts
 from fairseq_widearch.model_builder import build_model
 
 
 def stats(*argv):
-    out = run([sys.executable, "-m", "fairseq_widearch.cli.stats", *argv]).stdout
+    out = cli("fairseq_widearch.cli.stats", *argv).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -41,9 +40,7 @@ def test_plugin_arch_and_its_flags():
 
 @pytest.mark.slow
 def test_bad_flag_value_is_a_clear_error():
-    import subprocess
-    proc = subprocess.run([sys.executable, "-m", "fairseq_widearch.cli.stats", "--arch", "multipath_transformer_tiny",
-                           "--encoder-paths", "0"], capture_output=True, text=True)
+    proc = cli("fairseq_widearch.cli.stats", "--arch", "multipath_transformer_tiny", "--encoder-paths", "0")
     assert proc.returncode != 0 and "--encoder-paths must be a positive integer, got 0" in proc.stderr
 
 

@@ -3,6 +3,9 @@ default world size (``fairseq_widearch.fairseq_fixes.torchrun_joins_one_group``)
 gloo as on GPUs, and train as the same ranks started by hand do."""
 
 import argparse
+import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ from fairseq.models.distributed_fairseq_model import DistributedFairseqModel
 
 from fairseq_widearch import fairseq_fixes
 
-from conftest import BIN, REPO, TINY_ARCHS, TINY_CASES, criterion_for, ddp_train, free_port, run
+from testing_utils import BIN, REPO, TINY_ARCHS, TINY_CASES, criterion_for, ddp_train, free_port, run
 
 TORCHRUN = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 
@@ -100,6 +103,20 @@ def test_where_torchrun_shares_its_store_each_attempt_joins_under_its_own_keys(m
     assert agent.get("attempt_1/key") == b"attempt 1's"
 
 
+def test_restarts_over_several_machines_sharing_the_store_stop_at_start_up(monkeypatch):
+    """Agents of several machines count their restarts apart: a restart under a shared store would
+    wait 30 minutes for the process group's timeout. Such a job stops at once, naming the form that
+    restarts; without --max-restarts, or with a store per attempt, it runs."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    several = {**TORCHRUN, "GROUP_WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    with pytest.raises(ValueError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend c10d"):
+        inferred(monkeypatch, {**several, "TORCHELASTIC_MAX_RESTARTS": "1"})
+    assert inferred(monkeypatch, {**several, "TORCHELASTIC_MAX_RESTARTS": "0"}).distributed_init_method == \
+        fairseq_fixes.ATTEMPT_INIT_METHOD
+    assert inferred(monkeypatch, {**several, "TORCHELASTIC_MAX_RESTARTS": "1",
+                                  "TORCHELASTIC_USE_AGENT_STORE": "False"}).distributed_init_method == "env://"
+
+
 def test_bmuf_takes_the_world_size_the_job_runs_with(monkeypatch):
     """fairseq copies --distributed-world-size into BMUF's config as it parses the command line,
     before torchrun's or SLURM's variables give the world size: BMUF read 1 and never synchronised."""
@@ -110,6 +127,17 @@ def test_bmuf_takes_the_world_size_the_job_runs_with(monkeypatch):
     seen = []
     distributed_utils.distributed_main(0, lambda cfg: seen.append(cfg.bmuf.distributed_world_size), cfg, {})
     assert seen == [4]
+
+
+@pytest.mark.slow
+def test_fairseqs_spawned_workers_take_bmufs_world_size_too():
+    """fairseq's own spawn (SLURM with a task per machine, several GPUs) pickles distributed_main by
+    name: a process that has not imported the plugin, unpickling it, imports the plugin and runs it."""
+    code = ("import pickle, sys; main = pickle.loads(sys.stdin.buffer.read()); "
+            "from fairseq.distributed import utils; print(main is utils.distributed_main, main.__module__)")
+    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(distributed_utils.distributed_main),
+                          capture_output=True, timeout=120)
+    assert proc.stdout.decode().split() == ["True", "fairseq_widearch.fairseq_fixes"], proc.stderr.decode()[-3000:]
 
 
 def test_pytorch_ddp_wraps_a_model_on_the_cpu(tmp_path):

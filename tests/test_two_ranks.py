@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run
+from testing_utils import REPO, run
 
 #: (preset, DDP backend, precision): every preset under pytorch_ddp (fairseq's GPU default: a
 #: parameter outside the loss's graph fails the step), two under legacy_ddp, both precisions.

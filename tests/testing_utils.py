@@ -1,15 +1,42 @@
-"""What the tests share besides fixtures (tests/conftest.py): the repository and where the tests
-find raw Multi30k."""
+"""What the tests share besides fixtures (tests/conftest.py): the repository, where the tests find
+raw Multi30k, fairseq's command-line tools run in this process as fairseq's own tests run them,
+and the few commands that need a process of their own."""
+import contextlib
+import importlib
+import io
+import logging
 import os
+import socket
+import subprocess
 import sys
 import tempfile
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
+import torch
 from filelock import FileLock
+
+import fairseq_widearch  # noqa: F401  (registers the plugin and applies its fixes, as --user-dir does)
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq_widearch.experiments.settings import criterion, tiny_cases
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "multi30k"))
+sys.path.insert(0, str(REPO / "benchmarks"))  # the benchmarks, importable as they import each other (cli)
 import prepare  # noqa: E402  (the recipes' own download)
+
+BIN = Path(sys.executable).parent
+PLUGIN_MODELS = {cls for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_widearch")}
+#: Every architecture the plugin registers, through its `_tiny` preset, and the flags each trains
+#: with beyond its arch (the scalable one under its own task, in stage 2).
+TINY_CASES = tiny_cases()
+TINY_ARCHS = sorted(TINY_CASES)
+TRAIN_FLAGS = ["--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "1024",
+               "--label-smoothing", "0.1", "--seed", "1",
+               "--log-format", "simple", "--log-interval", "1", "--no-epoch-checkpoints", "--disable-validation"]
 
 #: Where the quick start (examples/multi30k/quickstart.sh, its default --work-dir) downloads raw Multi30k.
 QUICKSTART_RAW = REPO / "runs" / "multi30k" / "data" / "raw"
@@ -38,3 +65,151 @@ def find_multi30k(environ=os.environ, quickstart=QUICKSTART_RAW, cache=CACHE_RAW
     except OSError as e:
         raise NoMulti30k(f"the tests need raw Multi30k: set MULTI30K_DIR to a local copy of its raw text, "
                          f"{{train,val,test_2016_flickr}}.{{{','.join(LANGS)}}} ({e})") from None
+
+
+@dataclass
+class Output:
+    """What a tool run in this process wrote: its log lines and prints (``stdout``), its warnings
+    and error messages (``stderr``), and its exit status as its process would have it."""
+    stdout: str
+    stderr: str = ""
+    returncode: int = 0
+
+
+def cli(module, *args):
+    """``python -m <module> args`` in this process: the module's ``main(argv)``, its prints and
+    messages captured. An exit (argparse's errors, ``sys.exit(message)``) is its Output's
+    ``returncode``, the message in ``stderr`` as Python prints it; other errors raise."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            importlib.import_module(module).main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+    return Output(out.getvalue(), err.getvalue(), code)
+
+
+def fairseq(tool, *args, stdin=None, cwd=None):
+    """``fairseq-<tool> args`` in this process: the function its console script calls
+    (``fairseq_cli.<tool>.cli_main``) on ``args``, as fairseq's own tests run train and generate.
+    Returns its Output; an error raises as the tool raised it (an exit status as AssertionError
+    with the tool's stderr). What the tool leaves behind is put
+    back: the environment, the logging handlers and levels, the working directory."""
+    module = importlib.import_module(f"fairseq_cli.{tool.replace('-', '_')}")
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+                                           "%Y-%m-%d %H:%M:%S"))
+    with _global_state_kept(), warnings.catch_warnings(record=True) as caught, \
+            contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            mock.patch.object(sys, "argv", [f"fairseq-{tool}", *map(str, args)]), \
+            mock.patch.object(sys, "stdin", io.StringIO(stdin or "")):
+        warnings.simplefilter("always")
+        root = logging.getLogger()
+        root.handlers, root.level = [handler], logging.INFO  # fairseq_cli's basicConfig, as in its process
+        try:
+            module.cli_main()
+        except SystemExit as e:  # argparse's errors, fairseq's sys.exit: as run() reports an exit status
+            if e.code:
+                raise AssertionError(f"fairseq-{tool} exited {e.code}\n{err.getvalue()}") from None
+        finally:
+            err.writelines(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}\n" for w in caught)
+    return Output(out.getvalue(), err.getvalue())
+
+
+#: fairseq's functions that keep a run's state on themselves (the best validation loss, the
+#: validations since it), which a new process starts without: (module, function, attributes).
+FUNCTION_STATE = [("fairseq_cli.train", "should_stop_early", ("best", "num_runs")),
+                  ("fairseq.checkpoint_utils", "save_checkpoint", ("best",))]
+
+
+@contextlib.contextmanager
+def _global_state_kept():
+    """A run starts as in a process of its own: without the state fairseq keeps on its functions
+    (FUNCTION_STATE). After it, the environment and every logger's handlers and level are as
+    they were (fairseq's data loader sets PYTHONWARNINGS for good; fairseq-preprocess adds a
+    handler writing to its --destdir per call)."""
+    for module, function, attributes in FUNCTION_STATE:
+        function = getattr(importlib.import_module(module), function)
+        for attribute in attributes:
+            if hasattr(function, attribute):
+                delattr(function, attribute)
+    environ = dict(os.environ)
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in logging.Logger.manager.loggerDict)]
+    saved = [(logger, logger.handlers[:], logger.level) for logger in loggers]
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        for logger, handlers, level in saved:
+            for added in set(logger.handlers) - set(handlers):
+                added.close()
+            logger.handlers[:], logger.level = handlers, level
+
+
+def criterion_for(arch):
+    """``--criterion`` flags for ``arch``: the criterion of its auxiliary losses, else label-smoothed CE."""
+    return ["--criterion", criterion(arch)]
+
+
+def train(data, save_dir, arch, *extra, cwd=None, user_dir=None, max_update=3, validate=False):
+    """fairseq-train ``arch`` in this process (criterion from :func:`criterion_for` unless ``extra``
+    names one); its Output."""
+    flags = TRAIN_FLAGS if not validate else [f for f in TRAIN_FLAGS if f != "--disable-validation"]
+    criterion = [] if "--criterion" in extra else criterion_for(arch)
+    return fairseq("train", data, "--user-dir", user_dir or REPO / "fairseq_widearch", "--arch", arch,
+                   "--save-dir", save_dir, "--max-update", max_update, *flags, *criterion, *extra, cwd=cwd)
+
+
+def run(cmd, cwd=None, env=None, timeout=600, input=None):
+    """Run a command in a process of its own (``input``: text for its stdin); on failure raise with
+    its output so pytest shows why."""
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, input=input)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
+                             f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for a rendezvous the test starts next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fairseq_cli(tool):
+    """The console script of ``fairseq-<tool>``, for a test whose subject is its process."""
+    return BIN / f"fairseq-{tool}"
+
+
+def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp", worker="ddp_worker.py"):
+    """Train ``arch`` with 2 CPU data-parallel ranks (gloo; ``backend`` legacy_ddp, or pytorch_ddp:
+    PyTorch's DistributedDataParallel, fairseq's default, no unused-parameter search), each saving
+    its own checkpoint; ``worker``: the entry point in tests/helpers. Returns (the two ranks' final state dicts, their outputs)."""
+    port = free_port()
+    commands = []
+    for rank in range(2):
+        (tmp_path / f"rank{rank}").mkdir()  # fairseq creates the save dir on the master only
+        cmd = [sys.executable, REPO / "tests" / "helpers" / worker, data,
+               "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", tmp_path / f"rank{rank}",
+               "--max-update", max_update, "--cpu", "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001",
+               "--max-tokens", "512", "--seed", "1", "--disable-validation", "--no-epoch-checkpoints",
+               "--ddp-backend", backend, "--distributed-backend", "gloo", "--distributed-world-size", "2",
+               "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-rank", str(rank),
+               "--distributed-no-spawn", "--device-id", "0", *([] if "--criterion" in extra else criterion_for(arch)),
+               *extra]
+        commands.append([str(c) for c in cmd])
+    # both ranks at once, each by subprocess.run (served by the warm interpreter)
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda cmd: subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                          text=True, timeout=600), commands))
+    outs = [p.stdout for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    return [torch.load(tmp_path / f"rank{r}" / "checkpoint_last.pt")["model"] for r in range(2)], outs

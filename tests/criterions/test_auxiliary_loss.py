@@ -8,7 +8,7 @@ import torch
 
 from fairseq_widearch.criterions import LatentDepthCriterion, MoELabelSmoothedCrossEntropyCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
-from conftest import train
+from testing_utils import train
 
 VOCAB = 40
 CASES = [("widenet_tiny", MoELabelSmoothedCrossEntropyCriterion, dict(moe_balance_weight=0.5), "moe_balance_loss"),

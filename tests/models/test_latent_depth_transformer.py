@@ -192,7 +192,7 @@ def test_invalid_configs_fail_at_build_time_naming_the_flag(flags, overrides, me
 from types import SimpleNamespace  # noqa: E402
 
 from fairseq_widearch.criterions import LatentDepthCriterion  # noqa: E402
-from conftest import REPO, train  # noqa: E402
+from testing_utils import REPO, train  # noqa: E402
 
 
 def criterion(**kw):

@@ -1,7 +1,6 @@
 """multipath_transformer (Lin et al. 2022): equivalences, Eq. 4-7, presets and config errors."""
 import math
 import re
-import subprocess
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from fairseq_widearch.experiments.counting import preset_param_counts
 from fairseq_widearch.model_builder import build_model, parse_arch_args
 from fairseq_widearch.models.multipath_transformer import MultiPathDecoderLayer, MultiPathEncoderLayer
 from fairseq_widearch.modules import MultiPathAttention, MultiPathFFN, PathFusion, PathNorm
-from conftest import REPO, fairseq_cli, train
+from testing_utils import REPO, fairseq, train
 
 D, H, FFN = 16, 4, 24
 
@@ -268,9 +267,8 @@ def test_post_norm_multi_path_layers_are_refused(side, paths):
 
 @pytest.mark.slow
 def test_unknown_preset_is_refused_by_fairseq_train(multi30k_bin, tmp_path):
-    proc = subprocess.run([str(fairseq_cli("train")), str(multi30k_bin), "--user-dir", str(REPO / "fairseq_widearch"),
-                           "--arch", "multipath_transformer_7l_9p"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "invalid choice: 'multipath_transformer_7l_9p'" in proc.stderr
+    with pytest.raises(AssertionError, match="invalid choice: 'multipath_transformer_7l_9p'"):
+        fairseq("train", multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--arch", "multipath_transformer_7l_9p")
     with pytest.raises(ValueError, match="'multipath_transformer_7l_9p' is not a registered architecture"):
         build_model("multipath_transformer_7l_9p")
 

@@ -2,7 +2,6 @@
 written out per head, paper presets (parameters and Table 5 MACs), ablation flags, config errors."""
 import json
 import re
-import sys
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from fairseq.modules import MultiheadAttention
 from fairseq_widearch.experiments.counting import OperatorCounter, model_stats, preset_param_counts
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import PartialAttention, PGFFN
-from conftest import REPO, run
+from testing_utils import cli
 from test_conformance import VOCAB
 from test_fused_attention import right_padded_batch
 
@@ -180,8 +179,7 @@ def test_init_scale_against_the_stock_transformers(multi30k_bin):
     zero-mean gate biases close about half the ReLU gates); Eq. 5 as printed with closed gates and raw
     A^G inputs starts an order of magnitude smaller than the Transformer."""
     def scales(flags=""):
-        out = run([sys.executable, REPO / "benchmarks" / "init_scale.py", "--data", multi30k_bin,
-                   "--updates", "0", "--sentences", "48", "--flags", flags]).stdout
+        out = cli("init_scale", "--data", multi30k_bin, "--updates", 0, "--sentences", 48, "--flags", flags).stdout
         return json.loads(out.splitlines()[-1])
 
     measured = scales("--partialformer-init ours")

@@ -17,7 +17,7 @@ from fairseq_widearch.criterions import MoELabelSmoothedCrossEntropyCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
 from fairseq_widearch.models.widenet import DenseFFN
 from fairseq_widearch.modules.moe import Routing
-from conftest import REPO, run, train
+from testing_utils import REPO, cli, run, train
 
 pytestmark = pytest.mark.usefixtures("grouped_runs_here")  # conftest.py
 
@@ -450,8 +450,8 @@ def test_init_scale_against_the_stock_transformer(multi30k_bin):
     released attention init's attention sub-layers start below half the stock's and its encoder
     gradient norm below fairseq's attention init's, which keeps both within 2x of the stock's."""
     def scales(flags):
-        out = run([sys.executable, REPO / "benchmarks" / "init_scale.py", "--data", multi30k_bin, "--system",
-                   "widenet", "--updates", "0", "--sentences", "48", "--flags", flags]).stdout
+        out = cli("init_scale", "--data", multi30k_bin, "--system", "widenet", "--updates", 0, "--sentences", 48,
+                  "--flags", flags).stdout
         return json.loads(out.splitlines()[-1])
 
     released, ours, fairseq_init = (scales(f) for f in ("", "--widenet-experts ours",

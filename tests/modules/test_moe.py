@@ -1,5 +1,4 @@
 """MoE layer and top-k router (Xue et al. 2022, Eqs. 1-5)."""
-import math
 
 import pytest
 import torch
