@@ -16,7 +16,7 @@ from fairseq.distributed import utils as distributed_utils
 from omegaconf import OmegaConf
 
 from testing_utils import REPO, TINY_ARCHS, TINY_CASES, TRAIN_FLAGS, criterion_for, fairseq, run
-from test_fused_attention import OWN_SELF_ATTENTION
+from testing_utils import OWN_SELF_ATTENTION
 from tier_checks import (LOGPROB_TOLERANCE, TRAIN_FLAGS as TIER_FLAGS, UPDATES as TIER_UPDATES,
                          causal_kernel_against_masks, check_training, fp32_islands, incremental_against_full)
 from fairseq_widearch.experiments.runner import train_inner

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 import torch
 
-from conftest import REPO, train
+from testing_utils import REPO, train
 from fairseq_widearch.experiments import runner, study
 from fairseq_widearch.experiments.claims import SCALABLE_TASK, Claim, System
 

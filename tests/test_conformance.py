@@ -7,21 +7,7 @@ from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_widearch.model_builder import build_model
-from testing_utils import PLUGIN_MODELS, REPO, TINY_ARCHS, ddp_train, fairseq, train
-
-VOCAB = 40
-PAD = 1
-
-
-def batch(seed=0, bsz=3, src_len=7, tgt_len=6):
-    """A left-padded source batch and a right-padded target prefix, as fairseq's translation task makes."""
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
-    src_lengths = torch.tensor([src_len - 2] + [src_len] * (bsz - 1))
-    src[0, :2] = PAD
-    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
-    prev[:, 0] = 2  # eos starts every target prefix
-    return src, src_lengths, prev
+from testing_utils import PLUGIN_MODELS, REPO, TINY_ARCHS, VOCAB, batch, ddp_train, fairseq, train
 
 
 def test_the_suite_covers_every_architecture_through_its_tiny_preset():

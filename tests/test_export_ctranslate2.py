@@ -9,7 +9,7 @@ import torch
 
 from fairseq_widearch.cli.export_ctranslate2 import build_spec, refusal
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
-from test_export_variants import VARIANTS, parent_and_export
+from testing_utils import VARIANTS, parent_and_export
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 VOCAB = 40

@@ -5,27 +5,9 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_widearch.cli.export_subnet import build, export_model
-from fairseq_widearch.model_builder import dummy_dictionary, parse_arch_args
+from fairseq_widearch.model_builder import dummy_dictionary
+from testing_utils import SUB_TRANSFORMERS, VARIANTS, VOCAB, parent_and_export
 
-VOCAB = 40
-PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
-VARIANTS = {"post-norm, projections": [], "pre-norm, projections": PRE_NORM,
-            "post-norm, I/O cropping": ["--no-io-projections"],
-            "pre-norm, I/O cropping": ["--no-io-projections", *PRE_NORM]}
-SUB_TRANSFORMERS = {"type-1 C=64": (64, None), "type-2 D=64,128,128,64": (128, [64, 128, 128, 64]),
-                    "type-2 D=64 at C=128": (128, [64, 64, 64, 64])}
-
-
-def parent_and_export(variant, sub_transformer):
-    torch.manual_seed(0)
-    args = parse_arch_args("scalable_transformer_tiny", VARIANTS[variant])
-    parent = build(args, VOCAB, VOCAB)
-    parent.set_sample_config(*SUB_TRANSFORMERS[sub_transformer])
-    exported, exported_args = export_model(parent, args)
-    loaded = build(exported_args, VOCAB, VOCAB)
-    loaded.load_state_dict(exported.state_dict())  # fairseq's load: upgrade_state_dict, then the weights
-    return parent, loaded
 
 
 def sentences(seed=0):

@@ -14,26 +14,8 @@ from fairseq_widearch.fairseq_fixes import alignments_for_criterion
 from fairseq_widearch.model_builder import build_model, parse_arch_args
 from fairseq_widearch.models.base import targets_right_padded, use_causal_kernel
 from fairseq_widearch.modules.attention_utils import dot_product_attention
-from testing_utils import TINY_ARCHS
+from testing_utils import OWN_SELF_ATTENTION, PAD, TINY_ARCHS, VOCAB, right_padded_batch
 
-VOCAB, PAD = 40, 1
-#: The tiny presets whose decoder self-attention is the plugin's own module (WideNet and latent
-#: depth use fairseq's MultiheadAttention); PartialFormer's only without A^G and head scaling.
-OWN_SELF_ATTENTION = {"multipath_transformer_tiny": [], "scalable_transformer_tiny": [],
-                      "partialformer_tiny": ["--no-global-attention", "--decoder-heads", "4"]}
-
-
-def right_padded_batch(bsz=4, src_len=7, tgt_len=8):
-    """A left-padded source batch and target prefixes of lengths tgt_len, tgt_len - 3, ... padded on the right."""
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
-    src[0, :2] = PAD
-    lengths = src.ne(PAD).sum(1)
-    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
-    prev[:, 0] = 2
-    for i in range(1, bsz):
-        prev[i, tgt_len - 2 * i:] = PAD
-    return src, lengths, prev
 
 
 def loss_and_grads(model, src, lengths, prev):

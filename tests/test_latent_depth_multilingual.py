@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from testing_utils import REPO, cli, fairseq_cli, run, train
-from test_prune_latent_layers import prune
 
 PAIRS = ["--task", "translation_multi_simple_epoch", "--lang-pairs", "en-de,en-fr,en-cs", "--decoder-langtok"]
 
@@ -48,9 +47,10 @@ def test_pruned_for_one_pair_decodes_without_the_plugin_like_hard_selection(trai
     state["model"]["decoder.layer_select.logits"] = torch.tensor([[3.0] * 3, [-3.0, 3.0, 3.0], [3.0] * 3])
     forced = tmp_path / "forced.pt"
     torch.save(state, forced)
-    proc = prune(forced, tmp_path / "x.pt")
+    proc = cli("fairseq_widearch.cli.prune_latent_layers", "--checkpoint", forced, "--out", tmp_path / "x.pt")
     assert proc.returncode != 0 and "choose one of ['en-de', 'en-fr', 'en-cs'] with --lang-pair" in proc.stderr
-    proc = prune(forced, tmp_path / "en-fr.pt", "--lang-pair", "en-fr")
+    proc = cli("fairseq_widearch.cli.prune_latent_layers", "--checkpoint", forced, "--out", tmp_path / "en-fr.pt",
+               "--lang-pair", "en-fr")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "encoder layers [0] and decoder layers [1, 2]" in proc.stdout
     plain = hypotheses(multi30k_o2m_bin, tmp_path / "en-fr.pt")  # stock fairseq, no --user-dir

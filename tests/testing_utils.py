@@ -21,7 +21,9 @@ from filelock import FileLock
 
 import fairseq_widearch  # noqa: F401  (registers the plugin and applies its fixes, as --user-dir does)
 from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq_widearch.cli.export_subnet import build, export_model
 from fairseq_widearch.experiments.settings import criterion, tiny_cases
+from fairseq_widearch.model_builder import parse_arch_args
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "multi30k"))
@@ -213,3 +215,57 @@ def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp", 
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-4000:]
     return [torch.load(tmp_path / f"rank{r}" / "checkpoint_last.pt")["model"] for r in range(2)], outs
+
+
+#: Model-level tests' vocabulary and batches (fresh models on random tokens).
+VOCAB = 40
+PAD = 1
+
+
+def batch(seed=0, bsz=3, src_len=7, tgt_len=6):
+    """A left-padded source batch and a right-padded target prefix, as fairseq's translation task makes."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
+    src_lengths = torch.tensor([src_len - 2] + [src_len] * (bsz - 1))
+    src[0, :2] = PAD
+    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
+    prev[:, 0] = 2  # eos starts every target prefix
+    return src, src_lengths, prev
+
+
+#: The tiny presets whose decoder self-attention is the plugin's own module (WideNet and latent
+#: depth use fairseq's MultiheadAttention); PartialFormer's only without A^G and head scaling.
+OWN_SELF_ATTENTION = {"multipath_transformer_tiny": [], "scalable_transformer_tiny": [],
+                      "partialformer_tiny": ["--no-global-attention", "--decoder-heads", "4"]}
+
+
+def right_padded_batch(bsz=4, src_len=7, tgt_len=8):
+    """A left-padded source batch and target prefixes of lengths tgt_len, tgt_len - 3, ... padded on the right."""
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, VOCAB, (bsz, src_len), generator=g)
+    src[0, :2] = PAD
+    lengths = src.ne(PAD).sum(1)
+    prev = torch.randint(4, VOCAB, (bsz, tgt_len), generator=g)
+    prev[:, 0] = 2
+    for i in range(1, bsz):
+        prev[i, tgt_len - 2 * i:] = PAD
+    return src, lengths, prev
+
+
+PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
+VARIANTS = {"post-norm, projections": [], "pre-norm, projections": PRE_NORM,
+            "post-norm, I/O cropping": ["--no-io-projections"],
+            "pre-norm, I/O cropping": ["--no-io-projections", *PRE_NORM]}
+SUB_TRANSFORMERS = {"type-1 C=64": (64, None), "type-2 D=64,128,128,64": (128, [64, 128, 128, 64]),
+                    "type-2 D=64 at C=128": (128, [64, 64, 64, 64])}
+
+
+def parent_and_export(variant, sub_transformer):
+    torch.manual_seed(0)
+    args = parse_arch_args("scalable_transformer_tiny", VARIANTS[variant])
+    parent = build(args, VOCAB, VOCAB)
+    parent.set_sample_config(*SUB_TRANSFORMERS[sub_transformer])
+    exported, exported_args = export_model(parent, args)
+    loaded = build(exported_args, VOCAB, VOCAB)
+    loaded.load_state_dict(exported.state_dict())  # fairseq's load: upgrade_state_dict, then the weights
+    return parent, loaded

@@ -6,8 +6,7 @@ import math
 
 import torch
 
-from test_conformance import VOCAB, batch
-from test_fused_attention import OWN_SELF_ATTENTION, right_padded_batch
+from testing_utils import OWN_SELF_ATTENTION, VOCAB, batch, right_padded_batch
 from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.models.base import use_causal_kernel

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from testing_utils import REPO, TINY_ARCHS, TINY_CASES as CASES, criterion_for, fairseq_cli, run
-from test_fused_attention import OWN_SELF_ATTENTION
+from testing_utils import OWN_SELF_ATTENTION
 from tier_checks import (DECODE_HALF, LOG_INTERVAL, LOGPROB_TOLERANCE, TRAIN_FLAGS, UPDATES,
                          causal_kernel_against_masks, check_training, fp32_islands, incremental_against_full)
 from fairseq_widearch.experiments.runner import train_inner

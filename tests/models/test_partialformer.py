@@ -12,8 +12,8 @@ from fairseq_widearch.experiments.counting import OperatorCounter, model_stats, 
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import PartialAttention, PGFFN
 from testing_utils import cli
-from test_conformance import VOCAB
-from test_fused_attention import right_padded_batch
+from testing_utils import VOCAB
+from testing_utils import right_padded_batch
 
 D, H0, DK = 32, 4, 8
 
