@@ -20,6 +20,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (tests/cuda; skipped without one): pytest -m cuda")
     config.addinivalue_line("markers", "slow: starts a training process or takes seconds; the fast tier is "
                                        "pytest -m 'not slow and not cuda'")
+    config.addinivalue_line("markers", "e2e: its subject is a process (a recipe or the manual's block run as bash, "
+                                       "torchrun, a kill, an exit status, fairseq without the plugin): pytest -m e2e")
     # pytest-xdist's, registered here too so that a run without xdist does not warn about it
     config.addinivalue_line("markers", "xdist_group(name): tests one xdist worker runs (--dist loadgroup)")
     config.addinivalue_line("markers", "tier_order(key): where the CUDA tier's test is collected (tests/cuda)")

@@ -21,6 +21,7 @@ def trained(request, multi30k_bin, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_stock_fairseq_alone_refuses_its_own_checkpoint(trained):
     """The problem this plugin fixes: without it, torch's weights-only loading rejects fairseq's
     checkpoints (they hold an argparse.Namespace)."""

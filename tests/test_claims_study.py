@@ -48,6 +48,7 @@ def without_timing(rows):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_slice_bin, tmp_path):
     # An interrupted run: the first system trained for one epoch, nothing scored yet.
     claim = TINY["tiny"]
@@ -94,6 +95,7 @@ def test_a_second_seed_only_where_the_design_is_within_1_bleu_of_a_baseline():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_scalable_path_trains_three_stages_and_scores_every_width(multi30k_bin, tmp_path):
     _, rows = run_study(multi30k_bin, tmp_path, max_epoch=1, claims="tiny_scalable")
     run = study.run_dir(tmp_path, TINY["tiny_scalable"], TINY["tiny_scalable"].systems[0], 1)

@@ -125,6 +125,7 @@ DDP_CASES = [("widenet_tiny", ["--widenet-router-per-block", "--widenet-routing-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["legacy_ddp", "pytorch_ddp"])
 @pytest.mark.parametrize("arch,flags", DDP_CASES)
+@pytest.mark.e2e
 def test_two_rank_data_parallel_ends_with_identical_parameters(arch, flags, backend, multi30k_bin, tmp_path):
     """legacy_ddp (fairseq's CPU choice) and PyTorch's DDP (fairseq's GPU default, unused-parameter
     search off: a parameter outside the loss's graph fails the step)."""

@@ -40,6 +40,7 @@ def product_files():
         yield from (f for f in files if "__pycache__" not in f.parts)
 
 
+@pytest.mark.e2e
 def test_the_site_builds_strictly(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", tmp_path / "site"],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -69,6 +70,7 @@ def test_no_docstring_of_the_package_uses_sphinx_markup():
     assert hits == []
 
 
+@pytest.mark.e2e
 def test_the_strict_build_fails_on_a_broken_anchor(tmp_path):
     """The guard above guards: a copy of the docs with one anchor broken does not build."""
     docs = tmp_path / "docs"

@@ -16,6 +16,7 @@ spec.loader.exec_module(gpu_check)
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(["bash", REPO / "benchmarks" / "gpu_check.sh", out, "--dry-run", "--data", multi30k_bin.parent],

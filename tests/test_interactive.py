@@ -30,7 +30,7 @@ def test_empty_too_long_and_unknown_input_is_translated_or_skipped_with_a_warnin
     hypotheses = {int(i) for i in re.findall(r"^H-(\d+)\t", proc.stdout, re.M)}
     assert hypotheses == set(range(len(LINES))) - {TOO_LONG}
     assert re.search(rf"1 samples have invalid sizes and will be skipped, max_positions=\({MAX_SOURCE_POSITIONS}, ",
-                     proc.stdout)
+                     proc.stderr)
     unknown_source = re.search(rf"^S-{len(LINES) - 1}\t(.*)$", proc.stdout, re.M).group(1)
     assert "<unk>" in unknown_source
 

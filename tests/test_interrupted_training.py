@@ -21,6 +21,7 @@ ARCH_FLAGS = {"scalable_transformer_tiny": ["--task", "scalable_translation", "-
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_sigkill_after_a_checkpoint_then_the_same_command_resumes_and_finishes(multi30k_bin, tmp_path):
     cmd = [str(c) for c in [fairseq_cli("train"), multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--arch",
                             "multipath_transformer_tiny", "--save-dir", tmp_path, "--max-update", "40",

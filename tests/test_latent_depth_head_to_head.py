@@ -25,6 +25,7 @@ def small_multi30k(src, dst, lines=((("train", 300), ("val", 8), ("test_2016_fli
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_run_trains_its_updates_and_records_every_pairs_score(multi30k_dir, tmp_path):
     data, results = small_multi30k(multi30k_dir, tmp_path / "raw"), tmp_path / "rows.jsonl"
     cmd = [sys.executable, RUNNER, "run", "--systems", "ours-objective_released,anchor_initialised", "--seeds", "1",

@@ -40,6 +40,7 @@ def test_one_posterior_per_pair_trained_with_the_aggregated_prior(trained):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_pruned_for_one_pair_decodes_without_the_plugin_like_hard_selection(trained, multi30k_o2m_bin, tmp_path):
     checkpoint, _ = trained
     state = torch.load(checkpoint)

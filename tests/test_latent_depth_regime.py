@@ -51,6 +51,7 @@ def test_training_seconds_add_the_finished_invocations_of_a_resumed_run():
     assert depth_regime.train_seconds(log) == 220
 
 
+@pytest.mark.e2e
 def test_the_next_run_starts_when_any_run_finishes_not_when_its_batch_does(monkeypatch, tmp_path):
     """Two at a time, three runs: the first waits for the third to start, which only a free slot
     left by the second allows (a batch of two would wait for the first: the guard's timeout)."""
@@ -73,6 +74,7 @@ def test_the_next_run_starts_when_any_run_finishes_not_when_its_batch_does(monke
     assert all(r["divergence"] is None for r in rows)
 
 
+@pytest.mark.e2e
 def test_a_run_written_without_bleu_is_decoded_later_and_its_row_replaced(monkeypatch, tmp_path):
     """``--no-decode`` rows of finished runs are decoded by a later ``run`` (and only by one that
     decodes); a failed run (no posterior, no checkpoint) and a decoded one are not run again."""
@@ -101,6 +103,7 @@ def test_a_run_written_without_bleu_is_decoded_later_and_its_row_replaced(monkey
     assert rows[-1]["bleu"] == {"static": {}}
 
 
+@pytest.mark.e2e
 def test_a_larger_max_update_runs_a_shorter_run_on_and_a_smaller_one_is_refused(monkeypatch, tmp_path):
     """A row of fewer updates than asked is not final: its run goes on (from its checkpoint, as
     fairseq-train does) and its new row replaces it; a row of more updates is never overwritten by a
@@ -128,6 +131,7 @@ def test_a_larger_max_update_runs_a_shorter_run_on_and_a_smaller_one_is_refused(
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_run_writes_its_row_and_the_gradients_of_every_decoder_layer(multi30k_o2m_bin, tmp_path):
     """Both kinds of system train their updates post-norm; at initialisation the latent decoder's
     bottom layer gets a gradient over twice the static one's (Fig. 2's direction)."""

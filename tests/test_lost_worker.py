@@ -19,6 +19,8 @@ import torch
 
 from testing_utils import BIN, REPO, TRAIN_FLAGS, criterion_for, ddp_train, free_port, run, train
 
+pytestmark = pytest.mark.e2e  # each test's subject is a process
+
 #: Each fault comes two updates after a checkpoint: the faulty rank cannot start the second before
 #: rank 0 has written the checkpoint (the first's gradients wait for rank 0 in the all-reduce).
 #: Rank 1 is killed as it starts update 4 in the first attempt, and hangs as it starts update 6 in

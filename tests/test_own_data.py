@@ -107,6 +107,7 @@ def test_every_architecture_page_opens_its_usage_with_its_own_data_block_and_rea
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(PAGES))
+@pytest.mark.e2e
 def test_the_own_data_path_trains_decodes_and_scores(prepared, tmp_path, arch):
     for name in ("data-bin", "bpe", "raw"):
         (tmp_path / name).symlink_to(prepared / name)

@@ -10,12 +10,11 @@ import fairseq_widearch
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
 from testing_utils import REPO, fairseq_cli
-from models.test_multipath_transformer import TABLE2_PARAMS
 
 
 def test_import_registers_models_and_presets():
     assert "multipath_transformer" in MODEL_REGISTRY
-    for preset in list(TABLE2_PARAMS) + ["multi30k", "tiny"]:
+    for preset in ["6l_2p", "12l_2p", "6l_4p", "12l_3p", "6l_6p", "24l_2p", "12l_4p", "6l_8p", "multi30k", "tiny"]:
         assert f"multipath_transformer_{preset}" in ARCH_MODEL_REGISTRY
 
 
@@ -26,18 +25,21 @@ def _arch_help(user_dir, cwd):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_user_dir_from_the_repo_root():
     proc = _arch_help("fairseq_widearch", REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_user_dir_pointing_at_the_installed_package_from_anywhere(tmp_path):
     proc = _arch_help(os.path.dirname(fairseq_widearch.__file__), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_unregistered_arch_without_the_plugin(tmp_path):
     proc = subprocess.run([str(fairseq_cli("train")), "--arch", "multipath_transformer_tiny", "--help"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)

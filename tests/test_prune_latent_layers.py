@@ -32,6 +32,7 @@ def hypotheses(data, checkpoint, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_pruned_model_decodes_without_the_plugin_like_hard_selection(latent_checkpoint, multi30k_bin, tmp_path):
     pruned = tmp_path / "pruned.pt"
     proc = prune(latent_checkpoint, pruned)

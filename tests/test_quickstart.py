@@ -18,12 +18,14 @@ def prepare(data_dir, work_dir):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.e2e
 def test_missing_data_dir(tmp_path):
     proc = prepare(tmp_path / "nowhere", tmp_path / "work")
     assert proc.returncode != 0
     assert "does not exist" in proc.stderr and "train,val,test_2016_flickr" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_data_dir_without_the_expected_files(tmp_path):
     (tmp_path / "train.en").write_text("a dog .\n")
     proc = prepare(tmp_path, tmp_path / "work")
@@ -40,6 +42,7 @@ def prepare_by_default(work_dir, **env):
                           text=True, timeout=120, env={**base, **refused, **env})
 
 
+@pytest.mark.e2e
 def test_without_a_local_copy_the_release_is_downloaded_and_a_failed_download_names_the_flag(tmp_path):
     proc = prepare_by_default(tmp_path / "work")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
@@ -48,12 +51,14 @@ def test_without_a_local_copy_the_release_is_downloaded_and_a_failed_download_na
     assert "pass --data-dir DIR or set MULTI30K_DIR=DIR" in proc.stderr and "train,val,test_2016_flickr" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_multi30k_dir_names_the_local_copy(tmp_path):
     proc = prepare_by_default(tmp_path / "work", MULTI30K_DIR=str(tmp_path / "nowhere"))
     assert proc.returncode != 0 and "downloading" not in proc.stdout
     assert f"data directory {tmp_path / 'nowhere'} does not exist" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_a_prepared_work_dir_needs_no_raw_text(tmp_path):
     """What setup.sh does before every recipe: a work dir prepared earlier is kept, nothing downloaded."""
     work = tmp_path / "work"
@@ -65,6 +70,7 @@ def test_a_prepared_work_dir_needs_no_raw_text(tmp_path):
     assert "already prepared" in proc.stdout and "downloading" not in proc.stdout
 
 
+@pytest.mark.e2e
 def test_misaligned_sides(tmp_path):
     for name in ("train", "val", "test_2016_flickr"):
         (tmp_path / f"{name}.en").write_text("a dog .\na cat .\n")
@@ -116,6 +122,7 @@ def quickstart(*args):
 
 
 @pytest.mark.parametrize("updates", ["abc", "-1", "0", "1.5"])
+@pytest.mark.e2e
 def test_updates_must_be_a_positive_whole_number(updates, tmp_path):
     proc = quickstart("--updates", updates, "--work-dir", tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -124,6 +131,7 @@ def test_updates_must_be_a_positive_whole_number(updates, tmp_path):
 
 
 @pytest.mark.parametrize("minutes", ["abc", "-1", "0"])
+@pytest.mark.e2e
 def test_minutes_must_be_a_positive_number(minutes, tmp_path):
     proc = quickstart("--minutes", minutes, "--work-dir", tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -132,6 +140,7 @@ def test_minutes_must_be_a_positive_number(minutes, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_extra_flags_reach_fairseq_train_and_sacrebleu_ends_the_output(multi30k_dir, tmp_path):
     """``-- FLAGS`` as README shows it, on a small copy of Multi30k (1,000 training, 24 test lines)."""
     data = tmp_path / "data"

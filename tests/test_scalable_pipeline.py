@@ -120,6 +120,7 @@ def test_search_ranks_type2_sub_transformers_under_a_macs_budget(stages, multi30
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_stage3_targets_are_the_widest_models_filtered_beam_outputs(stages, multi30k_bin, tmp_path):
     root, _, _ = stages
     out = tmp_path / "distilled"
@@ -155,6 +156,7 @@ def test_stage3_targets_refuse_to_write_an_empty_training_set(monkeypatch, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["legacy_ddp", "pytorch_ddp"])
+@pytest.mark.e2e
 def test_two_rank_data_parallel_distillation_trains_the_same_sub_transformers(backend, multi30k_bin, tmp_path):
     """Four forward/backward passes per update, all but the last without gradient synchronisation
     (PyTorch DDP's ``no_sync``): every rank draws the same type-2 sub-Transformers (D^i random per

@@ -10,6 +10,8 @@ import pytest
 
 from testing_utils import REPO
 
+pytestmark = pytest.mark.e2e  # each test's subject is a process
+
 SCRIPT = REPO / "examples" / "setup_venv.sh"
 
 

@@ -71,6 +71,7 @@ def test_with_no_network_the_error_is_one_line_naming_multi30k_dir(monkeypatch, 
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_run_with_no_data_to_be_had_stops_at_the_first_test_that_needs_it_with_that_line(tmp_path):
     """pytest itself, on a copy of the test suite's set-up with no quick start's copy beside it, no
     $MULTI30K_DIR, an empty cache and every download refused (a proxy on a closed port)."""

@@ -70,6 +70,7 @@ def torchrun_train(data, save, arch, *extra, max_update=3):
 #: restarted, it ends with the parameters of its two ranks started by hand.
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [arch for arch in TINY_ARCHS if arch != "widenet_tiny"])
+@pytest.mark.e2e
 def test_every_tiny_preset_trains_under_torchrun_as_two_ranks_started_by_hand(arch, multi30k_bin, tmp_path,
                                                                              monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # both ways alike (torchrun would set it to 1)
@@ -130,6 +131,7 @@ def test_bmuf_takes_the_world_size_the_job_runs_with(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_fairseqs_spawned_workers_take_bmufs_world_size_too():
     """fairseq's own spawn (SLURM with a task per machine, several GPUs) pickles distributed_main by
     name: a process that has not imported the plugin, unpickling it, imports the plugin and runs it."""

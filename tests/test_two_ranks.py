@@ -11,6 +11,8 @@ import pytest
 
 from testing_utils import REPO, run
 
+pytestmark = pytest.mark.e2e  # each test's subject is a process
+
 #: (preset, DDP backend, precision): every preset under pytorch_ddp (fairseq's GPU default: a
 #: parameter outside the loss's graph fails the step), two under legacy_ddp, both precisions.
 CASES = [("multipath_transformer_tiny", "pytorch_ddp", "bf16"),

@@ -2,6 +2,7 @@
 raw Multi30k, fairseq's command-line tools run in this process as fairseq's own tests run them,
 and the few commands that need a process of their own."""
 import contextlib
+import fileinput
 import importlib
 import io
 import logging
@@ -84,9 +85,11 @@ def cli(module, *args):
     ``returncode``, the message in ``stderr`` as Python prints it; other errors raise."""
     out, err = io.StringIO(), io.StringIO()
     code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    argv = [str(a) for a in args]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            mock.patch.object(sys, "argv", [f"python -m {module}", *argv]):
         try:
-            importlib.import_module(module).main([str(a) for a in args])
+            importlib.import_module(module).main(argv)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
             if isinstance(e.code, str):
@@ -97,26 +100,33 @@ def cli(module, *args):
 def fairseq(tool, *args, stdin=None, cwd=None):
     """``fairseq-<tool> args`` in this process: the function its console script calls
     (``fairseq_cli.<tool>.cli_main``) on ``args``, as fairseq's own tests run train and generate.
-    Returns its Output; an error raises as the tool raised it (an exit status as AssertionError
-    with the tool's stderr). What the tool leaves behind is put
-    back: the environment, the logging handlers and levels, the working directory."""
+    Returns its Output: prints in ``stdout``, warnings in ``stderr``, log lines where its process
+    writes them (fairseq-train: stdout; the other tools, whose ``import fairseq`` sets up logging
+    first: stderr). An exit status raises AssertionError with the tool's stderr; any other error
+    raises as the tool raised it, with the output's tails as a note. The state the tool leaves is
+    cleared (_fairseq_state_kept)."""
     module = importlib.import_module(f"fairseq_cli.{tool.replace('-', '_')}")
     out, err = io.StringIO(), io.StringIO()
-    handler = logging.StreamHandler(out)
+    handler = logging.StreamHandler(out if tool == "train" else err)
     handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s",
                                            "%Y-%m-%d %H:%M:%S"))
-    with _global_state_kept(), warnings.catch_warnings(record=True) as caught, \
+    with _fairseq_state_kept(), warnings.catch_warnings(record=True) as caught, \
             contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
             mock.patch.object(sys, "argv", [f"fairseq-{tool}", *map(str, args)]), \
             mock.patch.object(sys, "stdin", io.StringIO(stdin or "")):
         warnings.simplefilter("always")
         root = logging.getLogger()
-        root.handlers, root.level = [handler], logging.INFO  # fairseq_cli's basicConfig, as in its process
+        root.addHandler(handler)  # beside pytest's own, which report the lines of a failed test
+        root.setLevel(logging.INFO)  # fairseq_cli's basicConfig, as in its process
         try:
             module.cli_main()
         except SystemExit as e:  # argparse's errors, fairseq's sys.exit: as run() reports an exit status
             if e.code:
                 raise AssertionError(f"fairseq-{tool} exited {e.code}\n{err.getvalue()}") from None
+        except Exception as e:
+            e.add_note(f"--- fairseq-{tool}'s stdout ---\n{out.getvalue()[-3000:]}\n"
+                       f"--- its stderr ---\n{err.getvalue()[-3000:]}")
+            raise
         finally:
             err.writelines(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}\n" for w in caught)
     return Output(out.getvalue(), err.getvalue())
@@ -128,25 +138,41 @@ FUNCTION_STATE = [("fairseq_cli.train", "should_stop_early", ("best", "num_runs"
                   ("fairseq.checkpoint_utils", "save_checkpoint", ("best",))]
 
 
-@contextlib.contextmanager
-def _global_state_kept():
-    """A run starts as in a process of its own: without the state fairseq keeps on its functions
-    (FUNCTION_STATE). After it, the environment and every logger's handlers and level are as
-    they were (fairseq's data loader sets PYTHONWARNINGS for good; fairseq-preprocess adds a
-    handler writing to its --destdir per call)."""
+def _clear_function_state():
     for module, function, attributes in FUNCTION_STATE:
         function = getattr(importlib.import_module(module), function)
         for attribute in attributes:
             if hasattr(function, attribute):
                 delattr(function, attribute)
+
+
+@contextlib.contextmanager
+def _fairseq_state_kept():
+    """A run starts as in a process of its own, without the state fairseq keeps on its functions
+    (FUNCTION_STATE), and leaves none: that state and fairseq's metrics cleared, its prefetching
+    threads stopped (a run that ends at --max-update mid-epoch leaves one blocked on a full queue),
+    fileinput closed (fairseq-interactive's input), and the environment and every logger's
+    handlers and level as they were (fairseq's data loader sets PYTHONWARNINGS for good;
+    fairseq-preprocess adds a handler writing to its --destdir per call)."""
+    from fairseq.logging import metrics
+    from fairseq_widearch import fairseq_fixes
+
+    _clear_function_state()
     environ = dict(os.environ)
     loggers = [logging.getLogger(), *(logging.getLogger(name) for name in logging.Logger.manager.loggerDict)]
     saved = [(logger, logger.handlers[:], logger.level) for logger in loggers]
     try:
         yield
     finally:
-        os.environ.clear()
-        os.environ.update(environ)
+        _clear_function_state()
+        metrics.reset()
+        fairseq_fixes._stop_prefetching()
+        fileinput.close()
+        for name in {*os.environ, *environ}:  # only those that differ: never an empty environment
+            if name not in environ:
+                del os.environ[name]
+            elif os.environ.get(name) != environ[name]:
+                os.environ[name] = environ[name]
         for logger, handlers, level in saved:
             for added in set(logger.handlers) - set(handlers):
                 added.close()

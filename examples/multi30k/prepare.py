@@ -71,7 +71,7 @@ def download(raw_dir, langs):
                     text = gzip.decompress(r.read())
             except (urllib.error.URLError, OSError, EOFError) as e:
                 raise OSError(f"could not download the Multi30k release ({url}: {e})") from e
-            part = out.with_suffix(out.suffix + ".part")  # whole or absent: a later run skips what exists
+            part = out.with_name(f"{out.name}.{os.getpid()}.part")  # whole or absent: later runs skip what exists
             part.write_bytes(text)
             part.replace(out)
     return raw_dir
