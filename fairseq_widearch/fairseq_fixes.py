@@ -60,8 +60,6 @@ from fairseq.models import BaseFairseqModel
 from fairseq.optim.amp_optimizer import AMPOptimizer
 from fairseq.trainer import Trainer
 
-logger = logging.getLogger(__name__)
-
 
 def keep_last_batch():
     """Make ``fairseq.data.data_utils.batch_by_size`` keep the remainder as a batch of its own.

@@ -79,15 +79,23 @@ class Output:
     returncode: int = 0
 
 
+@contextlib.contextmanager
+def _as_program(name, argv, stdin=None):
+    """``sys.argv`` as a program called ``name`` with ``argv`` sees it, ``stdin`` its input, and
+    (stdout, stderr) collected into the two StringIO objects it yields."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            mock.patch.object(sys, "argv", [name, *argv]), mock.patch.object(sys, "stdin", io.StringIO(stdin or "")):
+        yield out, err
+
+
 def cli(module, *args):
     """``python -m <module> args`` in this process: the module's ``main(argv)``, its prints and
     messages captured. An exit (argparse's errors, ``sys.exit(message)``) is its Output's
     ``returncode``, the message in ``stderr`` as Python prints it; other errors raise."""
-    out, err = io.StringIO(), io.StringIO()
     code = 0
     argv = [str(a) for a in args]
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            mock.patch.object(sys, "argv", [f"python -m {module}", *argv]):
+    with _as_program(f"python -m {module}", argv) as (out, err):
         try:
             importlib.import_module(module).main(argv)
         except SystemExit as e:
@@ -106,15 +114,12 @@ def fairseq(tool, *args, stdin=None, cwd=None):
     raises as the tool raised it, with the output's tails as a note. The state the tool leaves is
     cleared (_fairseq_state_kept)."""
     module = importlib.import_module(f"fairseq_cli.{tool.replace('-', '_')}")
-    out, err = io.StringIO(), io.StringIO()
-    handler = logging.StreamHandler(out if tool == "train" else err)
-    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-                                           "%Y-%m-%d %H:%M:%S"))
-    with _fairseq_state_kept(), warnings.catch_warnings(record=True) as caught, \
-            contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            mock.patch.object(sys, "argv", [f"fairseq-{tool}", *map(str, args)]), \
-            mock.patch.object(sys, "stdin", io.StringIO(stdin or "")):
+    with _fairseq_state_kept(), warnings.catch_warnings(record=True) as caught, contextlib.chdir(cwd or os.getcwd()), \
+            _as_program(f"fairseq-{tool}", map(str, args), stdin) as (out, err):
         warnings.simplefilter("always")
+        handler = logging.StreamHandler(out if tool == "train" else err)
+        handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+                                               "%Y-%m-%d %H:%M:%S"))
         root = logging.getLogger()
         root.addHandler(handler)  # beside pytest's own, which report the lines of a failed test
         root.setLevel(logging.INFO)  # fairseq_cli's basicConfig, as in its process
@@ -219,7 +224,8 @@ def fairseq_cli(tool):
 def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp", worker="ddp_worker.py"):
     """Train ``arch`` with 2 CPU data-parallel ranks (gloo; ``backend`` legacy_ddp, or pytorch_ddp:
     PyTorch's DistributedDataParallel, fairseq's default, no unused-parameter search), each saving
-    its own checkpoint; ``worker``: the entry point in tests/helpers. Returns (the two ranks' final state dicts, their outputs)."""
+    its own checkpoint; ``worker``: the entry point in tests/helpers. Returns (the two ranks' final
+    state dicts, their outputs)."""
     port = free_port()
     commands = []
     for rank in range(2):
