@@ -1,24 +1,16 @@
 """Shared fixtures: tiny real data (slices of Multi30k) and trained checkpoints; helpers are in
 testing_utils.py."""
-import os
 import shutil
-import sys
 
 import pytest
 import torch
 
-import warm_python
-
-#: The Python programs the tests start (fairseq-train and the rest) fork from an interpreter that
-#: has imported torch and fairseq once (tests/warm_python.py).
-warm_python.install()
-
-from testing_utils import REPO, NoMulti30k, fairseq_cli, find_multi30k, run, train
+from testing_utils import LANGS, NoMulti30k, cli, fairseq, find_multi30k, train
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (tests/cuda; skipped without one): pytest -m cuda")
-    config.addinivalue_line("markers", "slow: starts a training process or takes seconds; the fast tier is "
+    config.addinivalue_line("markers", "slow: trains, decodes or takes seconds; the fast tier is "
                                        "pytest -m 'not slow and not cuda'")
     config.addinivalue_line("markers", "e2e: its subject is a process (a recipe or the manual's block run as bash, "
                                        "torchrun, a kill, an exit status, fairseq without the plugin): pytest -m e2e")
@@ -34,24 +26,6 @@ def pytest_collection_modifyitems(items):
     ranked = sorted((items[i] for i in slots), key=lambda item: item.get_closest_marker("tier_order").args[0])
     for i, item in zip(slots, ranked):
         items[i] = item
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Each test ends with the environment it started with. Libraries a test runs in this process
-    set variables for good (fairseq's data loader PYTHONWARNINGS, torch's inductor its cache
-    directory), which would reach every later test's commands and make the warm interpreter, whose
-    variables read at import they no longer match, start them afresh."""
-    environment = dict(os.environ)
-    yield
-    for name in {*os.environ, *environment}:  # only those that differ: never an empty environment
-        if name not in environment:
-            del os.environ[name]
-        elif os.environ.get(name) != environment[name]:
-            os.environ[name] = environment[name]
-
-
-
 
 
 @pytest.fixture
@@ -93,12 +67,11 @@ def nan_past_last_group(grouped_mm):
     return strict
 
 
-@pytest.fixture(scope="session")
-def multi30k_dir(request):
-    """Raw Multi30k, En-De-Fr-Cs (testing_utils.find_multi30k). Where none is to be had, the run
-    stops at the first test that needs it, with one line naming MULTI30K_DIR."""
+def raw_multi30k(request, langs):
+    """Raw Multi30k in ``langs`` (testing_utils.find_multi30k). Where none is to be had, the run stops
+    at the first test that needs it, with one line naming MULTI30K_DIR."""
     try:
-        return find_multi30k()
+        return find_multi30k(langs=langs)
     except NoMulti30k as e:
         message = str(e)
     request.session.shouldstop = message
@@ -106,11 +79,28 @@ def multi30k_dir(request):
 
 
 @pytest.fixture(scope="session")
+def multi30k_dir(request):
+    """Raw Multi30k, En-De."""
+    return raw_multi30k(request, ("en", "de"))
+
+
+@pytest.fixture(scope="session")
+def multi30k_o2m_dir(request):
+    """Raw Multi30k, En-De-Fr-Cs (the one-to-many tests')."""
+    return raw_multi30k(request, LANGS)
+
+
+def prepare(raw, work, *args):
+    """examples/multi30k/prepare.py in this process: raw Multi30k tokenized, BPE'd and binarized into ``work``."""
+    out = cli("prepare", "--data-dir", raw, "--work-dir", work, *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
 def multi30k_bin(tmp_path_factory, multi30k_dir):
     """First 1,000 Multi30k En-De training pairs, 1,000 BPE merges, binarized (joined dictionary)."""
     work = tmp_path_factory.mktemp("multi30k")
-    run([sys.executable, REPO / "examples" / "multi30k" / "prepare.py", "--data-dir", multi30k_dir,
-         "--work-dir", work, "--max-train-lines", 1000, "--bpe-merges", 1000])
+    prepare(multi30k_dir, work, "--max-train-lines", 1000, "--bpe-merges", 1000)
     return work / "bin"
 
 
@@ -130,22 +120,18 @@ def multi30k_slice_bin(tmp_path_factory, multi30k_bin):
     head(full / "test.ref.de", work / "test.ref.de")
     (work / "bpe").mkdir()
     shutil.copy(full / "bpe" / "codes", work / "bpe" / "codes")
-    run([fairseq_cli("preprocess"), "--source-lang", "en", "--target-lang", "de", "--trainpref", work / "train",
+    fairseq("preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", work / "train",
          "--validpref", work / "valid", "--testpref", work / "test", "--srcdict", multi30k_bin / "dict.en.txt",
-         "--tgtdict", multi30k_bin / "dict.de.txt", "--destdir", work / "bin", "--workers", 1])
+         "--tgtdict", multi30k_bin / "dict.de.txt", "--destdir", work / "bin", "--workers", 1)
     return work / "bin"
 
 
 @pytest.fixture(scope="session")
-def multi30k_o2m_bin(tmp_path_factory, multi30k_dir):
+def multi30k_o2m_bin(tmp_path_factory, multi30k_o2m_dir):
     """One-to-many en-de, en-fr, en-cs: first 500 training lines, 1,000 BPE merges, one dictionary."""
     work = tmp_path_factory.mktemp("multi30k_o2m")
-    run([sys.executable, REPO / "examples" / "multi30k" / "prepare.py", "--data-dir", multi30k_dir,
-         "--work-dir", work, "--tgt", "de,fr,cs", "--max-train-lines", 500, "--bpe-merges", 1000])
+    prepare(multi30k_o2m_dir, work, "--tgt", "de,fr,cs", "--max-train-lines", 500, "--bpe-merges", 1000)
     return work / "bin"
-
-
-
 
 
 @pytest.fixture(scope="session")

@@ -4,23 +4,23 @@ decoders ignore ``--bf16``. On the CPU: every ``_tiny`` preset (the scalable one
 trains with ``--cpu --bf16``, bf16 parameters and fp32 master weights, a finite and falling loss;
 its checkpoint decodes every test sentence with and without ``--bf16``. The CUDA tier
 (tests/cuda) trains the same in bf16 to a model that translates and compares the BLEU."""
-import json
 import math
 import sys
+from unittest import mock
 
 import pytest
 import torch
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
+from fairseq.trainer import Trainer
 from omegaconf import OmegaConf
 
-from testing_utils import REPO, TINY_ARCHS, TINY_CASES, TRAIN_FLAGS, criterion_for, fairseq, run
-from testing_utils import OWN_SELF_ATTENTION
-from tier_checks import (LOGPROB_TOLERANCE, TRAIN_FLAGS as TIER_FLAGS, UPDATES as TIER_UPDATES,
-                         causal_kernel_against_masks, check_training, fp32_islands, incremental_against_full)
+from testing_utils import (LOGPROB_TOLERANCE, OWN_SELF_ATTENTION, REPO, TIER_TRAIN_FLAGS, TIER_UPDATES, TINY_ARCHS,
+                           TINY_CASES, TRAIN_FLAGS, causal_kernel_against_masks, check_training, criterion_for,
+                           decode, fairseq, fp32_islands, incremental_against_full)
 from fairseq_widearch.experiments.runner import train_inner
-from fairseq_widearch.experiments.scoring import corpus_bleu, generate, read_hypotheses
+from fairseq_widearch.experiments.scoring import corpus_bleu, read_hypotheses
 from fairseq_widearch.model_builder import build_model
 
 UPDATES = 12
@@ -29,15 +29,35 @@ UPDATES = 12
 BLEU_TOLERANCE = 1.0
 
 
+def master_dtypes(optimizer) -> list:
+    master = getattr(optimizer, "fp32_params", None)  # FP16Optimizer: a flat tensor, a list, or lists per device
+    if master is None:
+        return []
+    tensors = [master] if hasattr(master, "dtype") else master
+    tensors = [t for ts in tensors.values() for t in ts] if isinstance(tensors, dict) else tensors
+    return sorted({str(t.dtype) for t in tensors})
+
+
 def bf16_train(data, save, arch, *precision):
-    """fairseq-train ``arch`` in bf16 on the CPU; -> one record per update (tests/helpers/dtype_recorder.py)."""
+    """fairseq-train ``arch`` in bf16 on the CPU; -> one record per update of the dtypes the trainer
+    holds: ``params`` (the model's), ``master`` (the optimizer's fp32 master copy, [] without one),
+    ``optimizer`` (its class) and ``loss``."""
     extra = TINY_CASES[arch]
     criterion = [] if "--criterion" in extra else criterion_for(arch)
     flags = [f if f != "0.001" else "0.003" for f in TRAIN_FLAGS]  # lr 0.003: a loss that falls in 12 updates
-    out = run([sys.executable, REPO / "tests" / "helpers" / "dtype_recorder.py", data, "--user-dir",
-               REPO / "fairseq_widearch", "--arch", arch, "--save-dir", save, "--max-update", UPDATES, *flags,
-               *criterion, *extra, *(precision or ["--bf16"])]).stdout
-    return [json.loads(line[len("| update "):]) for line in out.splitlines() if line.startswith("| update ")]
+    records, step = [], Trainer.train_step
+
+    def recorded(self, samples, raise_oom=False):
+        out = step(self, samples, raise_oom)
+        records.append({"params": sorted({str(p.dtype) for p in self.model.parameters()}),
+                        "master": master_dtypes(self.optimizer), "optimizer": type(self.optimizer).__name__,
+                        "loss": float(out["loss"]) if out else None})
+        return out
+
+    with mock.patch.object(Trainer, "train_step", recorded):
+        fairseq("train", data, "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", save,
+                "--max-update", UPDATES, *flags, *criterion, *extra, *(precision or ["--bf16"]))
+    return records
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +95,18 @@ def test_memory_efficient_bf16_trains_bf16_parameters_without_a_master_copy(tmp_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_a_bf16_checkpoint_decodes_every_sentence_with_and_without_bf16(arch, bf16_trained, multi30k_bin, tmp_path):
+def test_a_bf16_checkpoint_decodes_every_sentence_with_and_without_bf16(arch, bf16_trained, multi30k_slice_bin,
+                                                                         tmp_path):
+    """Every sentence of the first 100 of test_2016 (the checkpoint's dictionaries; the whole set no
+    longer: a length or batch that only the rest holds is not decoded here)."""
     save, _ = bf16_trained(arch)
-    work = multi30k_bin.parent
+    work = multi30k_slice_bin.parent
     bleu = {}
     for name, flags in (("fp32", []), ("bf16", ["--bf16"])):
         out = tmp_path / f"{name}.txt"
-        generate(multi30k_bin, save / "checkpoint_last.pt", out, work / "bpe" / "codes", 2, "1.0",
-                 *TINY_CASES[arch][:2], "--max-len-a", "0", "--max-len-b", "8", *flags)
-        assert len(read_hypotheses(out)) == len((work / "test.ref.de").read_text().splitlines())
+        decode(multi30k_slice_bin, save / "checkpoint_last.pt", out, work / "bpe" / "codes", 2, "1.0",
+               *TINY_CASES[arch][:2], "--max-len-a", "0", "--max-len-b", "8", *flags)
+        assert len(read_hypotheses(out)) == len((work / "test.ref.de").read_text().splitlines()) == 100
         bleu[name] = corpus_bleu(out, work / "test.ref.de")[0].score
     assert abs(bleu["bf16"] - bleu["fp32"]) <= BLEU_TOLERANCE, bleu
 
@@ -125,7 +148,7 @@ def test_inference_casts_the_model_to_bf16_only_under_bf16(bf16):
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16 if bf16 else torch.float32}
 
 
-# The CUDA tier's model-level checks (tests/tier_checks.py) in bf16 on the CPU.
+# The CUDA tier's model-level checks (testing_utils) in bf16 on the CPU.
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_incremental_decoding_equals_full_decoding_in_bf16(arch):
     assert incremental_against_full(arch, "cpu", torch.bfloat16) <= LOGPROB_TOLERANCE[torch.bfloat16]
@@ -142,13 +165,13 @@ def test_router_gumbel_sigmoid_and_kl_stay_fp32_in_a_bf16_model():
 
 @pytest.mark.slow
 def test_the_tiers_short_schedule_trains_in_bf16_with_finite_statistics(multi30k_bin, tmp_path):
-    """The CUDA tier's training check (tests/tier_checks.py: every logged figure finite, the loss 1 bit
+    """The CUDA tier's training check (testing_utils.check_training: every logged figure finite, the loss 1 bit
     lower from the first 3 logs to the last 3) on the CPU in bf16, with the tier's flags (lr 0.005, 100
     warm-up updates, 4,096 tokens) on the 1,000-sentence slice, one preset, over the warm-up of the
     tier's short schedule only (bf16 has no loss scale to watch after it), logged every 10 updates."""
     arch, updates, interval = "multipath_transformer_tiny", min(TIER_UPDATES.values()) // 2, 10
     log = fairseq("train", multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--arch", arch,
-                  "--save-dir", tmp_path, "--cpu", "--bf16", *TIER_FLAGS, "--max-update", updates,
+                  "--save-dir", tmp_path, "--cpu", "--bf16", *TIER_TRAIN_FLAGS, "--max-update", updates,
                   "--log-interval", interval, *criterion_for(arch), "--max-tokens", "1024")
     stats = train_inner(log.stdout)
     assert len(stats) == updates // interval

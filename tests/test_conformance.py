@@ -118,7 +118,7 @@ def test_train_then_generate_on_real_data(arch, multi30k_bin, tmp_path):
 
 
 #: WideNet with a router per routing block (only routing blocks own one). Every tiny preset trains
-#: with two ranks in bf16 in tests/test_two_ranks.py, under both backends between them.
+#: with two ranks in bf16 in tests/test_two_ranks.py and the GPU check's dry run, under both backends between them.
 DDP_CASES = [("widenet_tiny", ["--widenet-router-per-block", "--widenet-routing-groups", "1"])]
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from testing_utils import REPO
+from testing_utils import REPO, benchmark
 
 spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
 gpu_check = importlib.util.module_from_spec(spec)
@@ -63,12 +63,8 @@ def test_host_syncs_runs_each_precision_and_counts_the_moe_calls():
     tgt_len, systems = 3, ["widenet grouped+fallback", "widenet grouped", "transformer"]
     for precision, parameters, products in ((["--dtype", "fp16"], "torch.float16", "torch.float16"),
                                             (["--dtype", "bf16", "--autocast"], "torch.float32", "torch.bfloat16")):
-        out = subprocess.run([sys.executable, REPO / "benchmarks" / "host_syncs.py", "--device", "cpu", "--systems",
-                              ",".join(systems), *precision, "--steps", "1", "--warmup", "1",
-                              "--tgt-len", str(tgt_len), "--src-len", "4", "--batch-size", "2", "--vocab", "100"],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        counted = json.loads(out.stdout.strip().splitlines()[-1])
+        counted = benchmark("host_syncs", "--device", "cpu", "--systems", ",".join(systems), *precision, "--steps", "1",
+                            "--warmup", "1", "--tgt-len", tgt_len, "--src-len", 4, "--batch-size", 2, "--vocab", 100)
         assert counted["parameter_dtypes"] == dict.fromkeys(systems, [parameters])
         assert counted["stepped"] == dict.fromkeys(systems, "--autocast" in precision)
         assert counted["moe_product_dtypes"] == {**dict.fromkeys(systems[:2], [products]), "transformer": []}

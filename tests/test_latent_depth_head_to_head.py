@@ -1,18 +1,21 @@
 """The latent-depth head-to-head (examples/latent_depth/head_to_head.py over multi30k_o2m.sh): a run
 trains its fixed number of updates, each pair's sacreBLEU line is the score (not the scorer's header),
 and the row and the report carry it."""
+import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from testing_utils import REPO
+from testing_utils import REPO, cli
 
 RUNNER = REPO / "examples" / "latent_depth" / "head_to_head.py"
-ENV = {**os.environ, "VENV": str(Path(sys.executable).parent.parent)}  # this test run's virtualenv
+VENV = str(Path(sys.executable).parent.parent)  # this test run's virtualenv, for the recipe
+spec = importlib.util.spec_from_file_location("head_to_head", RUNNER)
+head_to_head = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(head_to_head)
 
 
 def small_multi30k(src, dst, lines=((("train", 300), ("val", 8), ("test_2016_flickr", 4)))):
@@ -26,12 +29,12 @@ def small_multi30k(src, dst, lines=((("train", 300), ("val", 8), ("test_2016_fli
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_a_run_trains_its_updates_and_records_every_pairs_score(multi30k_dir, tmp_path):
-    data, results = small_multi30k(multi30k_dir, tmp_path / "raw"), tmp_path / "rows.jsonl"
-    cmd = [sys.executable, RUNNER, "run", "--systems", "ours-objective_released,anchor_initialised", "--seeds", "1",
-           "--max-update", "2", "--decode", "sampled", "--jobs", "2", "--results", results, "--work-dir",
-           tmp_path / "work", "--data-dir", data]
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=900, env=ENV)
+def test_a_run_trains_its_updates_and_records_every_pairs_score(multi30k_o2m_dir, tmp_path, monkeypatch):
+    data, results = small_multi30k(multi30k_o2m_dir, tmp_path / "raw"), tmp_path / "rows.jsonl"
+    monkeypatch.setenv("VENV", VENV)
+    proc = cli(head_to_head, "run", "--systems", "ours-objective_released,anchor_initialised", "--seeds", "1",
+               "--max-update", "2", "--decode", "sampled", "--jobs", "2", "--results", results, "--work-dir",
+               tmp_path / "work", "--data-dir", data)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["system"]: r for r in map(json.loads, results.read_text().splitlines())}
     # the anchor with initialised logits starts every pair's and layer's q(z = 1) at 0.5, as ours
@@ -46,13 +49,12 @@ def test_a_run_trains_its_updates_and_records_every_pairs_score(multi30k_dir, tm
     assert all(score["ratio"] > 0 for score in row["decode"]["sampled"].values())
     gen = (tmp_path / "work" / "generate-ours-objective_released-seed1-sampled-en-de.txt").read_text()
     assert gen.count("\nD-") + gen.startswith("D-") == 4  # every test sentence decoded
-    report = subprocess.run([sys.executable, str(RUNNER), "report", "--results", str(results)],
-                            capture_output=True, text=True, check=True).stdout
-    assert "| ours-objective_released | sampled | 2 |" in report
+    report = cli(head_to_head, "report", "--results", results)
+    assert report.returncode == 0 and "| ours-objective_released | sampled | 2 |" in report.stdout
     # a second run of the recipe decodes again without training past --max-update
     again = subprocess.run(["bash", str(REPO / "examples" / "latent_depth" / "multi30k_o2m.sh"), "--objective",
                             "released", "--max-update", "2", "--decode", "hard", "--work-dir", str(tmp_path / "work"),
-                            "--data-dir", str(data)], capture_output=True, text=True, timeout=900, env=ENV)
+                            "--data-dir", str(data)], capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     lines = [ln for ln in again.stdout.splitlines() if ln.startswith("| ours-objective_released-seed1 en-")]
     assert len(lines) == 3 and all(": BLEU = " in ln and "ratio = " in ln for ln in lines)
@@ -60,10 +62,6 @@ def test_a_run_trains_its_updates_and_records_every_pairs_score(multi30k_dir, tm
 
 
 def test_a_gap_counts_only_where_it_exceeds_the_seeds_spread():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("head_to_head", RUNNER)
-    runner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runner)
-    assert runner.gap([35.0, 35.2], [30.0, 31.0]).endswith("exceeds the spread")
-    assert runner.gap([31.0, 33.0], [30.0, 32.0]).startswith("+1.00 (spread 2.83): within the spread")
-    assert runner.gap([35.0], [30.0, 31.0]) == "+4.50: fewer than two seeds, no verdict"
+    assert head_to_head.gap([35.0, 35.2], [30.0, 31.0]).endswith("exceeds the spread")
+    assert head_to_head.gap([31.0, 33.0], [30.0, 32.0]).startswith("+1.00 (spread 2.83): within the spread")
+    assert head_to_head.gap([35.0], [30.0, 31.0]) == "+4.50: fewer than two seeds, no verdict"

@@ -3,14 +3,13 @@ fixed before the runs, a run's row, and Fig. 2's per-layer gradient norms."""
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import threading
 from argparse import Namespace
 
 import pytest
 
-from testing_utils import REPO
+from testing_utils import REPO, cli
 
 SCRIPT = REPO / "examples" / "latent_depth" / "depth_regime.py"
 sys.path.insert(0, str(SCRIPT.parent))  # the script imports its neighbour head_to_head.py, as when run
@@ -137,8 +136,8 @@ def test_a_run_writes_its_row_and_the_gradients_of_every_decoder_layer(multi30k_
     bottom layer gets a gradient over twice the static one's (Fig. 2's direction)."""
     common = ["--work-dir", tmp_path, "--data", multi30k_o2m_bin.parent, "--seeds", "1"]
     results, grads = tmp_path / "rows.jsonl", tmp_path / "grads.jsonl"
-    proc = subprocess.run([sys.executable, SCRIPT, "run", "--systems", "static_2,lld_2", "--max-update", "2",
-                           "--no-decode", "--results", results, *common], capture_output=True, text=True, timeout=900)
+    proc = cli(depth_regime, "run", "--systems", "static_2,lld_2", "--max-update", "2", "--no-decode", "--results",
+               results, *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["system"]: r for r in map(json.loads, results.read_text().splitlines())}
     assert sorted(rows) == ["lld_2", "static_2"] and all(r["updates"] == 2 for r in rows.values())
@@ -148,22 +147,20 @@ def test_a_run_writes_its_row_and_the_gradients_of_every_decoder_layer(multi30k_
     log = (tmp_path / "train-lld_2-released-seed1.log").read_text()
     assert "decoder_normalize_before=False" in log or "'decoder_normalize_before': False" in log
     # the source's share of each last checkpoint's validation nll: another sentence's source changes it
-    proc = subprocess.run([sys.executable, SCRIPT, "sources", "--systems", "static_2,lld_2", *common],
-                          capture_output=True, text=True, timeout=900)
+    proc = cli(depth_regime, "sources", "--systems", "static_2,lld_2", *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
     use = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["system"] for r in use] == ["static_2", "lld_2"]
     assert all(0 < r["nll"] < 20 and r["nll_rolled"] != r["nll"] for r in use), use
     # 12 decoder layers: post-norm at 4 the static bottom layer's gradient is not yet starved
-    proc = subprocess.run([sys.executable, SCRIPT, "gradients", "--systems", "static_12,lld_12", "--updates", "0",
-                           "--gradients-results", grads, *common], capture_output=True, text=True, timeout=900)
+    proc = cli(depth_regime, "gradients", "--systems", "static_12,lld_12", "--updates", "0", "--gradients-results",
+               grads, *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
     norms = {r["system"]: r["decoder_layer_grad_norms"] for r in map(json.loads, grads.read_text().splitlines())}
     assert len(norms["static_12"]) == len(norms["lld_12"]) == 12
     assert norms["lld_12"][0] > 2 * norms["static_12"][0] > 0
     png = tmp_path / "gradients.png"
-    subprocess.run([sys.executable, SCRIPT, "figure", "--gradients-results", grads, "--out", png], check=True,
-                   capture_output=True)
+    assert cli(depth_regime, "figure", "--gradients-results", grads, "--out", png).returncode == 0
     assert png.read_bytes().startswith(b"\x89PNG")
 
 

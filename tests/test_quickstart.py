@@ -96,7 +96,7 @@ def test_score_restores_corpus_order_and_checks_the_count(tmp_path):
 
 def test_a_part_of_the_set_is_scored_against_the_references_of_its_ids(tmp_path):
     """What ``fairseq-generate --distributed-world-size 2 --distributed-rank 0`` writes: some ids
-    only (the CUDA tier decodes half of test_2016 so; tests/tier_checks.py, DECODE_HALF)."""
+    only (the CUDA tier decodes half of test_2016 so; testing_utils.DECODE_HALF)."""
     from fairseq_widearch.experiments.scoring import corpus_bleu
 
     refs = ["ein Hund rennt durch den Park .", "zwei Hunde spielen im Schnee .", "eine Frau liest ein Buch .",

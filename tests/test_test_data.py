@@ -33,30 +33,46 @@ def url(name, lang):
     return prepare.RELEASE_URL.format(name=name, lang=lang)
 
 
+def raw_copy(where, langs=("en", "de")):
+    where.mkdir(parents=True)
+    for name in NAMES:
+        for lang in langs:
+            (where / f"{name}.{lang}").write_text("a dog .\n")
+    return where
+
+
 def test_multi30k_dir_is_read_as_it_is(release, tmp_path):
-    (tmp_path / "quickstart").mkdir()
-    found = find_multi30k({"MULTI30K_DIR": str(tmp_path / "copy")}, tmp_path / "quickstart", tmp_path / "cache")
+    raw_copy(tmp_path / "quickstart")
+    found = find_multi30k({"MULTI30K_DIR": str(raw_copy(tmp_path / "copy"))}, tmp_path / "quickstart",
+                          tmp_path / "cache")
     assert found == tmp_path / "copy" and release == [] and not (tmp_path / "cache").exists()
 
 
+def test_a_multi30k_dir_that_lacks_a_file_is_named_in_one_line(release, tmp_path):
+    copy = raw_copy(tmp_path / "copy")
+    (copy / "val.de").unlink()
+    with pytest.raises(NoMulti30k) as error:
+        find_multi30k({"MULTI30K_DIR": str(copy)}, tmp_path / "quickstart", tmp_path / "cache", langs=LANGS)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"MULTI30K_DIR={copy} lacks train.fr, train.cs, val.de, ")
+    assert release == []
+
+
 def test_the_quick_starts_copy_is_read_and_completed_with_the_languages_it_lacks(release, tmp_path):
-    quickstart = tmp_path / "runs" / "raw"
-    quickstart.mkdir(parents=True)
-    for name in NAMES:
-        for lang in ("en", "de"):
-            (quickstart / f"{name}.{lang}").write_text("a dog .\n")
-    assert find_multi30k({}, quickstart, tmp_path / "cache") == quickstart
+    quickstart = raw_copy(tmp_path / "runs" / "raw")
+    assert find_multi30k({}, quickstart, tmp_path / "cache") == quickstart and release == []  # En-De alone
+    assert find_multi30k({}, quickstart, tmp_path / "cache", langs=LANGS) == quickstart
     assert sorted(release) == sorted(url(name, lang) for name in NAMES for lang in ("fr", "cs"))
     assert (quickstart / "train.en").read_text() == "a dog .\n" and not (tmp_path / "cache").exists()
 
 
 def test_without_either_the_release_is_downloaded_once_into_the_cache(release, tmp_path):
     cache = tmp_path / "cache" / "multi30k"
-    assert find_multi30k({}, tmp_path / "no-quickstart", cache) == cache
+    assert find_multi30k({}, tmp_path / "no-quickstart", cache, langs=LANGS) == cache
     assert sorted(release) == sorted(url(name, lang) for name in NAMES for lang in LANGS)
     assert (cache / "val.cs").read_text() == url("val", "cs") + "\n"
     release.clear()
-    assert find_multi30k({}, tmp_path / "no-quickstart", cache) == cache and release == []
+    assert find_multi30k({}, tmp_path / "no-quickstart", cache, langs=LANGS) == cache and release == []
 
 
 def test_with_no_network_the_error_is_one_line_naming_multi30k_dir(monkeypatch, tmp_path):
@@ -77,9 +93,8 @@ def test_a_run_with_no_data_to_be_had_stops_at_the_first_test_that_needs_it_with
     $MULTI30K_DIR, an empty cache and every download refused (a proxy on a closed port)."""
     tests, examples = tmp_path / "tests", tmp_path / "examples" / "multi30k"
     tests.mkdir(), examples.mkdir(parents=True)
-    for name in ("conftest.py", "testing_utils.py", "warm_python.py"):
-        if (REPO / "tests" / name).exists():
-            shutil.copy(REPO / "tests" / name, tests)
+    for name in ("conftest.py", "testing_utils.py"):
+        shutil.copy(REPO / "tests" / name, tests)
     shutil.copy(REPO / "examples" / "multi30k" / "prepare.py", examples)
     (tests / "test_any.py").write_text("def test_a(multi30k_dir):\n    pass\n\n\ndef test_b():\n    pass\n")
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("multi30k_dir", "no_proxy")}

@@ -5,7 +5,9 @@ import contextlib
 import fileinput
 import importlib
 import io
+import json
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -23,8 +25,11 @@ from filelock import FileLock
 import fairseq_widearch  # noqa: F401  (registers the plugin and applies its fixes, as --user-dir does)
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq_widearch.cli.export_subnet import build, export_model
+from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
+from fairseq_widearch.experiments.scoring import generate_args
 from fairseq_widearch.experiments.settings import criterion, tiny_cases
-from fairseq_widearch.model_builder import parse_arch_args
+from fairseq_widearch.model_builder import build_model, parse_arch_args
+from fairseq_widearch.models.base import use_causal_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "multi30k"))
@@ -53,21 +58,28 @@ class NoMulti30k(Exception):
     """Raw Multi30k is neither named, nor at hand, nor downloadable."""
 
 
-def find_multi30k(environ=os.environ, quickstart=QUICKSTART_RAW, cache=CACHE_RAW):
-    """The directory of raw Multi30k (``{train,val,test_2016_flickr}.{en,de,fr,cs}``) the tests read:
+def find_multi30k(environ=os.environ, quickstart=QUICKSTART_RAW, cache=CACHE_RAW, langs=("en", "de")):
+    """The directory of raw Multi30k (``{train,val,test_2016_flickr}.{langs}``) the tests read:
     ``$MULTI30K_DIR`` when set; else the quick start's download, completed with the languages it
     lacks; else the public release, downloaded once into ``cache`` (prepare.py's own download,
-    which fetches only the files absent). Raises NoMulti30k, one line naming MULTI30K_DIR, where a
-    download is needed and fails."""
+    which fetches only the files absent). Raises NoMulti30k, one line naming MULTI30K_DIR, where
+    $MULTI30K_DIR lacks a file or a download is needed and fails."""
+    expected = f"{{{','.join(prepare.SPLITS.values())}}}.{{{','.join(langs)}}}"
     if environ.get("MULTI30K_DIR"):
-        return Path(environ["MULTI30K_DIR"])
+        raw = Path(environ["MULTI30K_DIR"])
+        missing = [f"{name}.{lang}" for name in prepare.SPLITS.values() for lang in langs
+                   if not (raw / f"{name}.{lang}").is_file()]
+        if missing:
+            raise NoMulti30k(f"MULTI30K_DIR={raw} lacks {', '.join(missing)}: set it to a local copy of "
+                             f"Multi30k's raw text, {expected}")
+        return raw
     raw = quickstart if quickstart.is_dir() else cache
     try:
         with FileLock(Path(tempfile.gettempdir()) / "fairseq_widearch_multi30k.lock"):  # one download at a time
-            return prepare.download(raw, LANGS)
+            return prepare.download(raw, langs)
     except OSError as e:
         raise NoMulti30k(f"the tests need raw Multi30k: set MULTI30K_DIR to a local copy of its raw text, "
-                         f"{{train,val,test_2016_flickr}}.{{{','.join(LANGS)}}} ({e})") from None
+                         f"{expected} ({e})") from None
 
 
 @dataclass
@@ -90,19 +102,37 @@ def _as_program(name, argv, stdin=None):
 
 
 def cli(module, *args):
-    """``python -m <module> args`` in this process: the module's ``main(argv)``, its prints and
-    messages captured. An exit (argparse's errors, ``sys.exit(message)``) is its Output's
-    ``returncode``, the message in ``stderr`` as Python prints it; other errors raise."""
+    """``python -m <module> args`` in this process (``module``: its name, or the module loaded from a
+    script): the module's ``main(argv)``, its prints and messages captured. An exit (argparse's
+    errors, ``sys.exit(message)``) is its Output's ``returncode``, the message in ``stderr`` as
+    Python prints it; other errors raise."""
     code = 0
     argv = [str(a) for a in args]
-    with _as_program(f"python -m {module}", argv) as (out, err):
+    module = importlib.import_module(module) if isinstance(module, str) else module
+    with _as_program(f"python -m {module.__name__}", argv) as (out, err):
         try:
-            importlib.import_module(module).main(argv)
+            module.main(argv)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
             if isinstance(e.code, str):
                 print(e.code, file=sys.stderr)
     return Output(out.getvalue(), err.getvalue(), code)
+
+
+def benchmark(name, *args) -> dict:
+    """``benchmarks/<name>.py args`` in this process (:func:`cli`): the JSON line it ends with. An
+    exit status raises AssertionError with its output."""
+    out = cli(name, *args)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def decode(data, checkpoint, out, *args, **kwargs):
+    """The recipes' fairseq-generate (``scoring.generate_args``: beam search, Moses and subword-nmt
+    undone) in this process, its output written to ``out``; its Output."""
+    decoded = fairseq("generate", *generate_args(data, checkpoint, *args, **kwargs))
+    Path(out).write_text(decoded.stdout)
+    return decoded
 
 
 def fairseq(tool, *args, stdin=None, cwd=None):
@@ -239,7 +269,7 @@ def ddp_train(data, tmp_path, arch, *extra, max_update=3, backend="legacy_ddp", 
                "--distributed-no-spawn", "--device-id", "0", *([] if "--criterion" in extra else criterion_for(arch)),
                *extra]
         commands.append([str(c) for c in cmd])
-    # both ranks at once, each by subprocess.run (served by the warm interpreter)
+    # both ranks at once
     with ThreadPoolExecutor(2) as pool:
         procs = list(pool.map(lambda cmd: subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                           text=True, timeout=600), commands))
@@ -301,3 +331,91 @@ def parent_and_export(variant, sub_transformer):
     loaded = build(exported_args, VOCAB, VOCAB)
     loaded.load_state_dict(exported.state_dict())  # fairseq's load: upgrade_state_dict, then the weights
     return parent, loaded
+
+# The CUDA tier's checks as functions of the device and dtype: the tier runs them in fp16 on the
+# GPU (tests/cuda/test_cuda.py), every CI run in bf16 on the CPU (tests/test_bf16.py), so that what
+# fails later on the GPU is CUDA's alone. Each returns the figure it measured, for the tier's report.
+
+#: |incremental − full| and |causal kernel − additive masks| log-probabilities: half an ulp at
+#: |log p| ≈ 8 is 0.004 in fp16 (11-bit mantissa), 0.03 in bf16 (8 bits).
+LOGPROB_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 8e-2}
+
+
+def incremental_against_full(arch: str, device: str, dtype: torch.dtype) -> float:
+    """Largest |log p| difference between incremental and full decoding of a fresh ``arch``."""
+    torch.manual_seed(0)
+    model = build_model(arch, vocab_size=VOCAB).to(device=device, dtype=dtype).eval()
+    src, lengths, prev = (t.to(device) for t in batch())
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        decoded = model.decoder(prev, encoder_out=encoder_out)
+        assert decoded[0].dtype == dtype  # fairseq's log-softmax returns fp32 whatever the logits' dtype
+        full = model.get_normalized_probs(decoded, log_probs=True)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            out = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+            steps.append(model.get_normalized_probs(out, log_probs=True))
+    return (full.float() - torch.cat(steps, dim=1).float()).abs().max().item()
+
+
+def causal_kernel_against_masks(arch: str, device: str, dtype: torch.dtype) -> float:
+    """Decoder self-attention on SDPA's own causal mask against fairseq's additive masks, right-padded
+    targets, training mode without dropout: the largest |log p| difference at the real positions."""
+    torch.manual_seed(0)
+    model = build_model(arch, ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
+                               *OWN_SELF_ATTENTION[arch]], vocab_size=VOCAB).to(device=device, dtype=dtype).train()
+    src, lengths, prev = (t.to(device) for t in right_padded_batch())
+    out = {}
+    for fused in (False, True):
+        use_causal_kernel(model.decoder, fused)
+        with torch.no_grad():
+            out[fused] = model(src, lengths, prev)[0].float().log_softmax(-1)[prev.ne(1)]
+    return (out[True] - out[False]).abs().max().item()
+
+
+def fp32_islands(device: str, dtype: torch.dtype):
+    """The MoE router's losses, the Gumbel-sigmoid samples, q(z = 1) and the KL stay fp32 in a
+    half-precision model (docs/widenet.md, docs/latent_depth_transformer.md), in training mode."""
+    torch.manual_seed(0)
+    src, lengths, prev = (t.to(device) for t in batch())
+    widenet = build_model("widenet_tiny", vocab_size=VOCAB).to(device=device, dtype=dtype).train()
+    logits, extra = widenet(src, lengths, prev)
+    assert logits.dtype == dtype and torch.isfinite(logits).all()
+    assert all(loss.dtype == torch.float32 for loss in extra["moe_balance_loss"])
+    latent = build_model("latent_depth_transformer_tiny", vocab_size=VOCAB).to(device=device, dtype=dtype).train()
+    logits, extra = latent(src, lengths, prev)
+    assert logits.dtype == dtype and torch.isfinite(logits).all()
+    probs, samples = extra["latent_probs_decoder"][0], extra["latent_samples_decoder"][0]
+    assert probs.dtype == samples.dtype == torch.float32 and probs.device.type == device
+    assert bernoulli_kl(probs, 0.5).dtype == torch.float32
+
+
+#: The tier's training flags (lr 0.005, inverse-sqrt with 100 warm-up updates, 4,096 tokens), less
+#: ``--max-update`` and the precision.
+TIER_TRAIN_FLAGS = ["--num-workers", "0", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.005",
+               "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--max-tokens", "4096",
+               "--label-smoothing", "0.1", "--seed", "1", "--log-format", "json", "--no-epoch-checkpoints",
+               "--disable-validation"]
+#: The tier's updates per precision: the checkpoints of fp16 and bf16 are decoded, so they train to
+#: a model that translates (600 updates: 14.4 BLEU for multi-path in fp32); the memory-efficient fp16
+#: and AMP trainings are only checked by :func:`check_training` (finite figures, a loss 1 bit lower,
+#: the loss scale), for which the short schedule is enough: its warm-up and 100 updates after it.
+TIER_UPDATES = {"fp16": 600, "bf16": 600, "memory_efficient_fp16": 200, "amp": 200}
+TIER_LOG_INTERVAL = 25
+#: fairseq-generate's flags that decode the first of two shards of a set's batches (every other
+#: batch of 128 sentences: 512 of test_2016's 1,000), scored with ``corpus_bleu(..., part=True)``.
+DECODE_HALF = ["--distributed-world-size", "2", "--distributed-rank", "0"]
+
+
+def check_training(stats: list):
+    """Every logged figure finite, the mean loss of the last 3 logs at least 1 below that of the first
+    3, and an fp16 loss scale never under 1 (fairseq starts at 128 and stops at --min-loss-scale 1e-4:
+    a scale under 1 means the gradients overflowed fp16 over and over). Returns (losses, scales)."""
+    for record in stats:
+        for key, value in record.items():
+            assert math.isfinite(value), f"{key} = {value} at {record}"
+    losses = [r["loss"] for r in stats]
+    scales = [r["loss_scale"] for r in stats if "loss_scale" in r]  # bf16 needs no loss scale
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 1.0, losses
+    assert min(scales, default=1.0) >= 1.0, scales
+    return losses, scales

@@ -40,22 +40,28 @@ def read_hypotheses(path):
     return [hyps[i] for i in sorted(hyps)]
 
 
-def generate(data, checkpoint, out, bpe_codes, beam, lenpen, *extra, subset="test", source_lang="en",
-             target_lang="de", cpu=True):
-    """Decode ``subset`` with ``fairseq-generate`` (beam search, Moses and subword-nmt undone in the
-    ``D-`` lines; ``extra``: more flags; ``cpu=False``: on fairseq's default device, CUDA if there is
-    one), write its output to ``out`` and return its log (stderr, which holds the "Translated N
-    sentences ... (X sentences/s ...)" timing line).
+def generate_args(data, checkpoint, bpe_codes, beam, lenpen, *extra, subset="test", source_lang="en",
+                  target_lang="de", cpu=True) -> list:
+    """``fairseq-generate``'s arguments (strings) that decode ``subset`` by beam search, Moses and
+    subword-nmt undone in the ``D-`` lines (``extra``: more flags; ``cpu=False``: on fairseq's
+    default device, CUDA if there is one)."""
+    args = [data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", subset, *(["--cpu"] if cpu else []),
+            "--beam", beam, "--lenpen", lenpen, "--batch-size", "128", "--tokenizer", "moses", "--bpe", "subword_nmt",
+            "--bpe-codes", bpe_codes, "--source-lang", source_lang, "--target-lang", target_lang, *extra]
+    return [str(a) for a in args]
+
+
+def generate(data, checkpoint, out, *args, **kwargs):
+    """Decode with ``fairseq-generate`` on the arguments of ``generate_args``, write its output to
+    ``out`` and return its log (stderr, which holds the "Translated N sentences ... (X sentences/s
+    ...)" timing line).
 
     Raises:
         subprocess.CalledProcessError: if fairseq-generate fails (its log in ``stderr``).
     """
-    cmd = [BIN / "fairseq-generate", data, "--user-dir", USER_DIR,
-           "--path", checkpoint, "--gen-subset", subset, *(["--cpu"] if cpu else []), "--beam", beam, "--lenpen", lenpen,
-           "--batch-size", "128", "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", bpe_codes,
-           "--source-lang", source_lang, "--target-lang", target_lang, *extra]
+    cmd = [str(BIN / "fairseq-generate"), *generate_args(data, checkpoint, *args, **kwargs)]
     with open(out, "w") as f:
-        return subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.PIPE, text=True, check=True).stderr
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, check=True).stderr
 
 
 def corpus_bleu(gen_out, ref_path, part=False):

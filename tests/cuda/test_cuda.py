@@ -9,25 +9,25 @@ Run alone on the GPU (``OMP_NUM_THREADS=1 python -m pytest tests/cuda -m cuda -v
 loadgroup --no-loadscope-reorder`` takes minutes; ``-v`` names each test as it ends, so a run cut short
 still says which failed; tests/cuda/conftest.py orders the tests for 16 workers). Each test does the
 work its assertion needs and no more: only the fp16 and bf16 checkpoints are decoded, so only they
-train 600 updates (``tier_checks.UPDATES``), and decoding compares half of test_2016. The data:
+train 600 updates (``testing_utils.TIER_UPDATES``), and decoding compares half of test_2016. The data:
 ``MULTI30K_DATA`` (default ``runs/multi30k/data``, what ``examples/multi30k/setup.sh``
 prepares: ``bin/``, ``bpe/codes``, ``test.ref.de``). ``WIDEARCH_CUDA_REPORT=FILE`` appends one JSON
 line per measured case to FILE (the figures of docs/records/gpu_runs.md).
 """
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from testing_utils import REPO, TINY_ARCHS, TINY_CASES as CASES, criterion_for, fairseq_cli, run
-from testing_utils import OWN_SELF_ATTENTION
-from tier_checks import (DECODE_HALF, LOG_INTERVAL, LOGPROB_TOLERANCE, TRAIN_FLAGS, UPDATES,
-                         causal_kernel_against_masks, check_training, fp32_islands, incremental_against_full)
+from testing_utils import (DECODE_HALF, LOGPROB_TOLERANCE, OWN_SELF_ATTENTION, REPO, TINY_ARCHS, benchmark,
+                           causal_kernel_against_masks, check_training, criterion_for, decode, fairseq, fp32_islands,
+                           incremental_against_full)
+from testing_utils import TIER_LOG_INTERVAL as LOG_INTERVAL, TIER_TRAIN_FLAGS as TRAIN_FLAGS, TIER_UPDATES as UPDATES
+from testing_utils import TINY_CASES as CASES
 from fairseq_widearch.experiments.runner import train_inner
-from fairseq_widearch.experiments.scoring import corpus_bleu, generate, read_hypotheses_by_id
+from fairseq_widearch.experiments.scoring import corpus_bleu, read_hypotheses_by_id
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -101,10 +101,10 @@ def trained(tmp_path_factory, quickstart_data):
             save = tmp_path_factory.mktemp(f"{arch}_{precision}")
             extra = CASES[arch]
             criterion = [] if "--criterion" in extra else criterion_for(arch)
-            log = run([fairseq_cli("train"), quickstart_data / "bin", "--user-dir", REPO / "fairseq_widearch",
-                       "--arch", arch, "--save-dir", save, *TRAIN_FLAGS, "--max-update", UPDATES[precision],
-                       "--log-interval", LOG_INTERVAL, *criterion, *extra, *PRECISIONS[precision]], timeout=900)
-            done[arch, precision] = save / "checkpoint_last.pt", train_inner(log.stdout + log.stderr)
+            log = fairseq("train", quickstart_data / "bin", "--user-dir", REPO / "fairseq_widearch",
+                          "--arch", arch, "--save-dir", save, *TRAIN_FLAGS, "--max-update", UPDATES[precision],
+                          "--log-interval", LOG_INTERVAL, *criterion, *extra, *PRECISIONS[precision])
+            done[arch, precision] = save / "checkpoint_last.pt", train_inner(log.stdout)
         return done[arch, precision]
 
     return train
@@ -127,8 +127,8 @@ def test_half_precision_decoding_scores_as_fp32_decoding(arch, half, trained, qu
     bleu = {}
     for name, flags in (("fp32", []), (half, [f"--{half}"])):
         out = tmp_path / f"{name}.txt"
-        generate(quickstart_data / "bin", checkpoint, out, quickstart_data / "bpe" / "codes", 5, "1.0", *task,
-                 *DECODE_HALF, *flags, cpu=False)
+        decode(quickstart_data / "bin", checkpoint, out, quickstart_data / "bpe" / "codes", 5, "1.0", *task,
+               *DECODE_HALF, *flags, cpu=False)
         bleu[name] = corpus_bleu(out, quickstart_data / "test.ref.de", part=True)[0].score
         assert len(read_hypotheses_by_id(out)) >= 500  # the same half of test_2016 in both precisions
     report(test="decoding", arch=arch, half=half, bleu_fp32=bleu["fp32"], bleu_half=bleu[half])
@@ -163,8 +163,7 @@ def test_the_models_wait_for_the_gpu_only_to_ask_where_the_padding_is():
     ours and fairseq's: only "is there padding / where?" (fairseq's own checks, which ours mirror,
     and the MoE's rows of real tokens, whose count sets its buffers' shape). The MoE dispatch, its
     load statistics, the scalable cropping and the latent layer selection add none."""
-    out = run([sys.executable, REPO / "benchmarks" / "host_syncs.py"]).stdout
-    counted = json.loads(out.splitlines()[-1])
+    counted = benchmark("host_syncs")
     for name, per_pass in counted["syncs_per_pass"].items():
         where = counted["sites"][name]
         report(test="host_syncs", system=name, syncs_per_pass=per_pass, where=where)
@@ -185,9 +184,8 @@ def test_no_moe_dispatch_waits_for_the_gpu_in_any_precision():
     for precision in ([], ["--dtype", "fp16"], ["--dtype", "bf16"], ["--dtype", "fp16", "--autocast"],
                       ["--dtype", "bf16", "--autocast"]):
         fallback = ["widenet grouped+fallback"] if precision == ["--dtype", "fp16"] else []
-        counted = json.loads(run([sys.executable, REPO / "benchmarks" / "host_syncs.py", "--systems",
-                                  ",".join(systems + fallback), "--steps", "2", "--tgt-len", "10",
-                                  *precision]).stdout.splitlines()[-1])
+        counted = benchmark("host_syncs", "--systems", ",".join(systems + fallback), "--steps", "2", "--tgt-len", "10",
+                            *precision)
         label = " ".join(precision) or "fp32"
         for name in systems + fallback:
             report(test="moe_host_syncs", system=name, precision=label,

@@ -4,7 +4,6 @@ import contextlib
 import json
 import math
 import re
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +16,7 @@ from fairseq_widearch.criterions import MoELabelSmoothedCrossEntropyCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
 from fairseq_widearch.models.widenet import DenseFFN
 from fairseq_widearch.modules.moe import Routing
-from testing_utils import REPO, cli, run, train
+from testing_utils import benchmark, cli, train
 
 pytestmark = pytest.mark.usefixtures("grouped_runs_here")  # conftest.py
 
@@ -499,15 +498,20 @@ def test_a_checkpoint_saved_before_the_released_defaults_loads_as_it_was_trained
 
 
 @pytest.mark.slow
-def test_moe_compile_keeps_its_graphs_over_real_batches_in_training_validation_and_decoding(multi30k_bin):
+def test_moe_compile_keeps_its_graphs_over_real_batches_in_training_validation_and_decoding(multi30k_bin,
+                                                                                            monkeypatch):
     """``--moe-compile`` over real batches of varying shapes (benchmarks/moe_recompiles.py, graph
     capture by ``aot_eager``): training compiles (at least one graph, at most one per stack's shared
     MoE layer), and neither training nor a validation pass, batches without padding (which reuse the
     graph of the padded ones) or incremental decoding with 5 hypotheses per sentence captures a graph
     after its first batch (a recompilation) or breaks one."""
-    out = run([sys.executable, REPO / "benchmarks" / "moe_recompiles.py", "--data", multi30k_bin,
-               "--arch", "widenet_tiny", "--batches", "6"]).stdout
-    measured = json.loads(out.strip().splitlines()[-1])
+    from fairseq_widearch.modules import moe
+    monkeypatch.setattr(moe, "COMPILE_BACKEND", moe.COMPILE_BACKEND)  # the benchmark sets its --backend
+    torch._dynamo.reset()  # graphs an earlier test compiled in this process would be reused, not counted
+    try:
+        measured = benchmark("moe_recompiles", "--data", multi30k_bin, "--arch", "widenet_tiny", "--batches", 6)
+    finally:
+        torch._dynamo.reset()
     phases = measured["phases"]
     assert measured["batch_shapes"] >= 5 and 1 <= phases["training"]["unique_graphs"] <= 2, measured
     assert list(phases) == ["training", "validation", "unpadded", "incremental decoding"]
