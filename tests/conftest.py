@@ -91,7 +91,8 @@ def multi30k_o2m_dir(request):
 
 
 def prepare(raw, work, *args):
-    """examples/multi30k/prepare.py in this process: raw Multi30k tokenized, BPE'd and binarized into ``work``."""
+    """examples/multi30k/prepare.py's main in this process (its fairseq-preprocess runs in processes
+    of its own, as the recipe's): raw Multi30k tokenized, BPE'd and binarized into ``work``."""
     out = cli("prepare", "--data-dir", raw, "--work-dir", work, *args)
     assert out.returncode == 0, out.stderr[-3000:]
 

@@ -2,17 +2,14 @@
 "Scale at initialisation" section beside PartialFormer and WideNet (their own pages, tested with
 their models): what each block and sub-layer adds to the residual stream, against the comparison's
 stock pre-norm Transformer, on 48 real Multi30k val sentences."""
-import json
-
 import pytest
 
-from testing_utils import cli
+from testing_utils import benchmark
 
 
 def init_scale(data, system: str) -> dict:
     """The benchmark's JSON line for ``system`` (init-time scales only)."""
-    out = cli("init_scale", "--data", data, "--system", system, "--updates", 0, "--sentences", 48).stdout
-    return json.loads(out.splitlines()[-1])
+    return benchmark("init_scale", "--data", data, "--system", system, "--updates", 0, "--sentences", 48)
 
 
 @pytest.mark.slow

@@ -50,7 +50,6 @@ def test_training_seconds_add_the_finished_invocations_of_a_resumed_run():
     assert depth_regime.train_seconds(log) == 220
 
 
-@pytest.mark.e2e
 def test_the_next_run_starts_when_any_run_finishes_not_when_its_batch_does(monkeypatch, tmp_path):
     """Two at a time, three runs: the first waits for the third to start, which only a free slot
     left by the second allows (a batch of two would wait for the first: the guard's timeout)."""
@@ -73,7 +72,6 @@ def test_the_next_run_starts_when_any_run_finishes_not_when_its_batch_does(monke
     assert all(r["divergence"] is None for r in rows)
 
 
-@pytest.mark.e2e
 def test_a_run_written_without_bleu_is_decoded_later_and_its_row_replaced(monkeypatch, tmp_path):
     """``--no-decode`` rows of finished runs are decoded by a later ``run`` (and only by one that
     decodes); a failed run (no posterior, no checkpoint) and a decoded one are not run again."""
@@ -102,7 +100,6 @@ def test_a_run_written_without_bleu_is_decoded_later_and_its_row_replaced(monkey
     assert rows[-1]["bleu"] == {"static": {}}
 
 
-@pytest.mark.e2e
 def test_a_larger_max_update_runs_a_shorter_run_on_and_a_smaller_one_is_refused(monkeypatch, tmp_path):
     """A row of fewer updates than asked is not final: its run goes on (from its checkpoint, as
     fairseq-train does) and its new row replaces it; a row of more updates is never overwritten by a

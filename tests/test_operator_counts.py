@@ -4,11 +4,10 @@ every wide architecture's ``_tiny`` preset against its stock twin at equal train
 so that a change which adds work to either side shows in the fast tier, whatever the machine's
 speed. The recorded figures are those of 2026-11-27 (docs/benchmarks.md, "Operators per step"); a
 change that moves one by more than ``MARGIN`` either way updates them there and here, with its reason."""
-import json
 
 import pytest
 
-from testing_utils import cli
+from testing_utils import benchmark
 
 #: preset -> (its operators, its twin's, host waits, atomic adds) in one training step; the twin's
 #: encoder depth is the one of equal training FLOPs (9, 6, 2, 2 and 3 layers).
@@ -23,8 +22,7 @@ MARGIN = 0.005
 
 @pytest.fixture(scope="module")
 def counted():
-    out = cli("operator_counts", "--systems", ";".join(RECORDED)).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return benchmark("operator_counts", "--systems", ";".join(RECORDED))
 
 
 @pytest.mark.parametrize("preset", RECORDED)

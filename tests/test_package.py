@@ -1,7 +1,9 @@
 """Installation and registration: --user-dir from the repo root and from anywhere."""
 import ast
 import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,10 @@ def test_no_import_cycle_between_plugin_modules():
     assert "fairseq_widearch.modules.sub_transformers" in graph["fairseq_widearch.tasks.scalable_translation"]
     # package __init__ files import their submodules; a submodule importing its own package back is the cycle
     assert _cycles(graph) == []
+
+
+def test_setup_py_declares_the_pythons_it_installs_on():
+    """pip's own one-line refusal on Python 3.13 instead of a search for a missing wheel."""
+    from packaging.specifiers import SpecifierSet
+    spec = SpecifierSet(re.search(r'python_requires="([^"]+)"', (REPO / "setup.py").read_text()).group(1))
+    assert "3.11" in spec and "3.12" in spec and "3.13" not in spec and sys.version.split()[0] in spec

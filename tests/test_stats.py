@@ -12,8 +12,9 @@ from fairseq_widearch.model_builder import build_model
 
 
 def stats(*argv):
-    out = cli("fairseq_widearch.cli.stats", *argv).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    out = cli("fairseq_widearch.cli.stats", *argv)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow

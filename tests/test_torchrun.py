@@ -56,7 +56,7 @@ def test_without_torchrun_or_with_one_worker_fairseq_decides_as_before(monkeypat
 
 def torchrun_train(data, save, arch, *extra, max_update=3):
     """``torchrun --nproc-per-node 2 -m fairseq_cli.train`` on the CPU with gloo, no world-size flag;
-    the flags of conftest.ddp_train. Returns rank 0's checkpoint's model and the output."""
+    the flags of testing_utils.ddp_train. Returns rank 0's checkpoint's model and the output."""
     cmd = [BIN / "torchrun", "--nproc-per-node", 2, "--master-port", free_port(), "-m", "fairseq_cli.train", data,
            "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", save, "--max-update", max_update,
            "--cpu", "--num-workers", 0, "--optimizer", "adam", "--lr", 0.001, "--max-tokens", 512, "--seed", 1,

@@ -12,8 +12,9 @@ pytestmark = pytest.mark.e2e  # each test's subject is a process: the ranks the 
 
 #: (preset, DDP backend, precision): every preset under pytorch_ddp (fairseq's GPU default: a
 #: parameter outside the loss's graph fails the step), one under legacy_ddp, both precisions.
-#: Multi-path's pytorch_ddp bf16 case is the GPU check's dry run's (tests/test_gpu_check.py); WideNet
-#: under legacy_ddp in bf16 is no longer run, test_conformance's two-rank test runs it in fp32.
+#: Multi-path's pytorch_ddp bf16 case is the GPU check's dry run's (tests/test_gpu_check.py: 1,024
+#: tokens, tolerance 0.02); WideNet under legacy_ddp in bf16 is no longer run, test_conformance's
+#: two-rank test runs it in fp32.
 CASES = [("widenet_tiny", "pytorch_ddp", "memory_efficient_bf16"),
          ("partialformer_tiny", "pytorch_ddp", "bf16"),
          ("latent_depth_transformer_tiny", "pytorch_ddp", "memory_efficient_bf16"),

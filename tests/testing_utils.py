@@ -105,11 +105,12 @@ def cli(module, *args):
     """``python -m <module> args`` in this process (``module``: its name, or the module loaded from a
     script): the module's ``main(argv)``, its prints and messages captured. An exit (argparse's
     errors, ``sys.exit(message)``) is its Output's ``returncode``, the message in ``stderr`` as
-    Python prints it; other errors raise."""
+    Python prints it; other errors raise. The state fairseq keeps is cleared as after
+    :func:`fairseq` (the benchmarks and recipes run its tasks and trainers)."""
     code = 0
     argv = [str(a) for a in args]
     module = importlib.import_module(module) if isinstance(module, str) else module
-    with _as_program(f"python -m {module.__name__}", argv) as (out, err):
+    with _fairseq_state_kept(), _as_program(f"python -m {module.__name__}", argv) as (out, err):
         try:
             module.main(argv)
         except SystemExit as e:

@@ -7,7 +7,7 @@ causal kernel against the additive masks in fp16; the fp32 islands of a half-pre
 
 Run alone on the GPU (``OMP_NUM_THREADS=1 python -m pytest tests/cuda -m cuda -v -rfE --tb=short -n 16 --dist
 loadgroup --no-loadscope-reorder`` takes minutes; ``-v`` names each test as it ends, so a run cut short
-still says which failed; tests/cuda/conftest.py orders the tests for 16 workers). Each test does the
+still says which failed; tests/conftest.py orders the tests for 16 workers). Each test does the
 work its assertion needs and no more: only the fp16 and bf16 checkpoints are decoded, so only they
 train 600 updates (``testing_utils.TIER_UPDATES``), and decoding compares half of test_2016. The data:
 ``MULTI30K_DATA`` (default ``runs/multi30k/data``, what ``examples/multi30k/setup.sh``

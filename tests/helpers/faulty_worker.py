@@ -7,7 +7,7 @@ sentence ids of each batch it starts training on, ``| batch <attempt> <rank> <up
 (update counted from 1), so that a test can tell what an interrupted run replayed or skipped.
 With ``FAULT=copy`` and ``FAULT_COPY`` n, the worker writes half of its n-th file copy (fairseq
 copies each saved checkpoint to ``checkpoint_last.pt``) and sends itself SIGKILL. Started by hand
-(conftest.ddp_train), not by torchrun, it is also tests/helpers/ddp_worker.py: every rank saves."""
+(testing_utils.ddp_train), not by torchrun, it is also tests/helpers/ddp_worker.py: every rank saves."""
 import os
 import shutil
 import signal

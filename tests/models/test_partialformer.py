@@ -1,6 +1,5 @@
 """partialformer: the AFFN sub-layer against fairseq's MultiheadAttention and against Eqs. 5-6
 written out per head, paper presets (parameters and Table 5 MACs), ablation flags, config errors."""
-import json
 import re
 
 import pytest
@@ -11,7 +10,7 @@ from fairseq.modules import MultiheadAttention
 from fairseq_widearch.experiments.counting import OperatorCounter, model_stats, preset_param_counts
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import PartialAttention, PGFFN
-from testing_utils import cli
+from testing_utils import benchmark
 from testing_utils import VOCAB
 from testing_utils import right_padded_batch
 
@@ -179,8 +178,7 @@ def test_init_scale_against_the_stock_transformers(multi30k_bin):
     zero-mean gate biases close about half the ReLU gates); Eq. 5 as printed with closed gates and raw
     A^G inputs starts an order of magnitude smaller than the Transformer."""
     def scales(flags=""):
-        out = cli("init_scale", "--data", multi30k_bin, "--updates", 0, "--sentences", 48, "--flags", flags).stdout
-        return json.loads(out.splitlines()[-1])
+        return benchmark("init_scale", "--data", multi30k_bin, "--updates", 0, "--sentences", 48, "--flags", flags)
 
     measured = scales("--partialformer-init ours")
     stock, ours = measured["transformer"], measured["partialformer"]

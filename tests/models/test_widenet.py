@@ -1,7 +1,6 @@
 """widenet (Xue et al. 2022): sharing across blocks, ablations, routing groups, criterion, configs,
 the experts and router as the released code builds them."""
 import contextlib
-import json
 import math
 import re
 from types import SimpleNamespace
@@ -16,7 +15,7 @@ from fairseq_widearch.criterions import MoELabelSmoothedCrossEntropyCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
 from fairseq_widearch.models.widenet import DenseFFN
 from fairseq_widearch.modules.moe import Routing
-from testing_utils import benchmark, cli, train
+from testing_utils import benchmark, train
 
 pytestmark = pytest.mark.usefixtures("grouped_runs_here")  # conftest.py
 
@@ -449,9 +448,8 @@ def test_init_scale_against_the_stock_transformer(multi30k_bin):
     released attention init's attention sub-layers start below half the stock's and its encoder
     gradient norm below fairseq's attention init's, which keeps both within 2x of the stock's."""
     def scales(flags):
-        out = cli("init_scale", "--data", multi30k_bin, "--system", "widenet", "--updates", 0, "--sentences", 48,
-                  "--flags", flags).stdout
-        return json.loads(out.splitlines()[-1])
+        return benchmark("init_scale", "--data", multi30k_bin, "--system", "widenet", "--updates", 0, "--sentences", 48,
+                         "--flags", flags)
 
     released, ours, fairseq_init = (scales(f) for f in ("", "--widenet-experts ours",
                                                          "--widenet-attention-init fairseq"))
