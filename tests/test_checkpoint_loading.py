@@ -122,3 +122,12 @@ def test_averaging_finds_the_interval_or_the_epoch_checkpoints_a_recipe_keeps(tm
     assert [p.name for p in latest_checkpoints(tmp_path, 2, "epochs")] == ["checkpoint9.pt", "checkpoint10.pt"]
     with pytest.raises(SystemExit, match="holds 3 checkpoint<epoch>.pt files, fewer than 4"):
         latest_checkpoints(tmp_path, 4, "epochs")
+
+
+def test_averaging_what_does_not_exist_is_one_line_naming_it(tmp_path):
+    for inputs, out in (([tmp_path / "run"], tmp_path / "avg.pt"),
+                        ([tmp_path / "a.pt", tmp_path / "b.pt"], tmp_path / "avg.pt"),
+                        ([tmp_path], tmp_path / "out" / "avg.pt")):
+        proc = cli("fairseq_widearch.cli.average_checkpoints", "--inputs", *inputs, "--out", out)
+        named = [str(p) for p in (*inputs, out.parent) if not p.exists()]
+        assert proc.returncode == 1 and proc.stderr == f"error: no such file or directory: {', '.join(named)}\n"

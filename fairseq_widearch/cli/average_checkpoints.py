@@ -13,7 +13,8 @@ optimizer state. Floating-point tensors are averaged in float64 and cast back; o
 from the newest checkpoint.
 
 Raises:
-    SystemExit: if fewer checkpoints than asked are found or their parameter names differ.
+    SystemExit: if an input or the output's directory does not exist, fewer checkpoints than asked
+    are found or their parameter names differ.
 """
 import argparse
 import re
@@ -70,6 +71,9 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     inputs = [Path(x) for x in args.inputs]
+    missing = [str(path) for path in [*inputs, Path(args.out).parent] if not path.exists()]
+    if missing:
+        sys.exit(f"error: no such file or directory: {', '.join(missing)}")
     if len(inputs) == 1 and inputs[0].is_dir():
         by_epochs = args.num_epoch_checkpoints is not None
         inputs = latest_checkpoints(inputs[0], args.num_epoch_checkpoints if by_epochs else args.num_update_checkpoints or 10,
