@@ -13,8 +13,8 @@ optimizer state. Floating-point tensors are averaged in float64 and cast back; o
 from the newest checkpoint.
 
 Raises:
-    SystemExit: if an input or the output's directory does not exist, fewer checkpoints than asked
-    are found or their parameter names differ.
+    SystemExit: if an input or the output's directory does not exist, fewer checkpoints than
+        asked are found or their parameter names differ.
 """
 import argparse
 import re
