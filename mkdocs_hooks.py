@@ -1,13 +1,18 @@
 """mkdocs hook: the site's quick-start page is README's "Quick start" and "Train on your own data",
 included when the site is built (docs/quickstart.md names them), so that the two read the same and
 are written once. README's links, relative to the repository root (``docs/usage.md``), are made
-relative to docs/ (``usage.md``); a link to a file outside docs/ fails the build, naming it."""
+relative to docs/ (``usage.md``); a link to a file outside docs/ fails the build, naming it. The
+pages link those sections in README, as GitHub shows them (``../README.md#quick-start``); the site
+links its quick-start page instead."""
 import re
 from pathlib import Path
 
 README = Path(__file__).parent / "README.md"
 #: ``<!-- README: Heading -->`` in a page: replaced by README's ``## Heading`` section.
 MARKER = re.compile(r"<!-- README: (.+?) -->")
+#: The anchors of README's sections the site holds (docs/quickstart.md's markers).
+INCLUDED = {heading.lower().replace(" ", "-")
+            for heading in MARKER.findall((Path(__file__).parent / "docs" / "quickstart.md").read_text())}
 
 
 def readme_section(heading: str) -> str:
@@ -39,7 +44,18 @@ def relative_to_docs(markdown: str) -> str:
     return re.sub(r"\]\(([^)\s]+)\)", link, markdown)
 
 
+def links_to_the_site(markdown: str, src_uri: str) -> str:
+    """The links of the page ``src_uri`` (relative to docs/) to README's sections the site holds made
+    links to its quick-start page."""
+    up = "../" * src_uri.count("/")
+
+    def link(match):
+        return f"]({up}quickstart.md#{match.group(1)})" if match.group(1) in INCLUDED else match.group(0)
+    return re.sub(rf"\]\({re.escape(up)}\.\./README\.md#([\w-]+)\)", link, markdown)
+
+
 def on_page_markdown(markdown, page, **kwargs):
+    markdown = links_to_the_site(markdown, page.file.src_uri)
     if not MARKER.search(markdown):
         return markdown
     # the page's own text after its markers points GitHub readers to README; the site has the sections

@@ -52,6 +52,22 @@ def test_the_site_builds_strictly(tmp_path):
     quickstart = (tmp_path / "site" / "quickstart" / "index.html").read_text()
     assert "examples/multi30k/quickstart.sh" in quickstart and "learn-bpe" in quickstart
     assert 'href="../widenet/#usage"' in quickstart and "README.md" not in quickstart
+    # the pages' links to README's own-data section (GitHub's) lead to the site's quick-start page
+    widenet = (tmp_path / "site" / "widenet" / "index.html").read_text()
+    assert 'href="../quickstart/#train-on-your-own-data"' in widenet and "README.md" not in widenet
+
+
+def test_the_pages_link_readmes_sections_where_github_shows_them():
+    """docs/quickstart.md is filled by the site's build alone, so on GitHub a page links README's
+    section itself (the site rewrites the link, mkdocs_hooks.py); every such anchor is a heading
+    of README."""
+    readme = (REPO / "README.md").read_text()
+    headings = {h.lower().replace(" ", "-") for h in re.findall(r"^#+ (.+)$", readme, re.M)}
+    links = {(page.name, anchor) for page in (REPO / "docs").glob("*.md") if page.name != "quickstart.md"
+             for anchor in re.findall(r"\]\(\.\./README\.md#([\w-]+)\)", page.read_text())}
+    assert ("widenet.md", "train-on-your-own-data") in links
+    assert all(anchor in headings for _, anchor in links), links - {(p, a) for p, a in links if a in headings}
+    assert not [page.name for page in (REPO / "docs").glob("*.md") if "quickstart.md#" in page.read_text()]
 
 
 #: Sphinx markup, which the site's renderer (mkdocstrings, Markdown) prints as it stands.
