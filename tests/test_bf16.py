@@ -17,8 +17,8 @@ from fairseq.trainer import Trainer
 from omegaconf import OmegaConf
 
 from testing_utils import (LOGPROB_TOLERANCE, OWN_SELF_ATTENTION, REPO, TIER_TRAIN_FLAGS, TIER_UPDATES, TINY_ARCHS,
-                           TINY_CASES, TRAIN_FLAGS, causal_kernel_against_masks, check_training, criterion_for,
-                           decode, fairseq, fp32_islands, incremental_against_full)
+                           TINY_CASES, causal_kernel_against_masks, check_training, criterion_for,
+                           decode, fairseq, fp32_islands, incremental_against_full, train)
 from fairseq_widearch.experiments.runner import train_inner
 from fairseq_widearch.experiments.scoring import corpus_bleu, read_hypotheses
 from fairseq_widearch.model_builder import build_model
@@ -42,9 +42,6 @@ def bf16_train(data, save, arch, *precision):
     """fairseq-train ``arch`` in bf16 on the CPU; -> one record per update of the dtypes the trainer
     holds: ``params`` (the model's), ``master`` (the optimizer's fp32 master copy, [] without one),
     ``optimizer`` (its class) and ``loss``."""
-    extra = TINY_CASES[arch]
-    criterion = [] if "--criterion" in extra else criterion_for(arch)
-    flags = [f if f != "0.001" else "0.003" for f in TRAIN_FLAGS]  # lr 0.003: a loss that falls in 12 updates
     records, step = [], Trainer.train_step
 
     def recorded(self, samples, raise_oom=False):
@@ -55,8 +52,8 @@ def bf16_train(data, save, arch, *precision):
         return out
 
     with mock.patch.object(Trainer, "train_step", recorded):
-        fairseq("train", data, "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", save,
-                "--max-update", UPDATES, *flags, *criterion, *extra, *(precision or ["--bf16"]))
+        # lr 0.003: a loss that falls in 12 updates
+        train(data, save, arch, *TINY_CASES[arch], "--lr", "0.003", *(precision or ["--bf16"]), max_update=UPDATES)
     return records
 
 

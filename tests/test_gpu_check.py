@@ -1,6 +1,5 @@
 """The GPU machine's prepared command (benchmarks/gpu_check.sh) in its ``--dry-run``: every step
 with its CPU stand-ins, the same report, so that the command cannot rot while no GPU runs it."""
-import importlib.util
 import json
 import re
 import subprocess
@@ -9,10 +8,6 @@ import sys
 import pytest
 
 from testing_utils import REPO, benchmark
-
-spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
-gpu_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_check)
 
 
 @pytest.mark.slow

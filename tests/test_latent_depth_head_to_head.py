@@ -1,7 +1,6 @@
 """The latent-depth head-to-head (examples/latent_depth/head_to_head.py over multi30k_o2m.sh): a run
 trains its fixed number of updates, each pair's sacreBLEU line is the score (not the scorer's header),
 and the row and the report carry it."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,11 +10,9 @@ import pytest
 
 from testing_utils import REPO, cli
 
-RUNNER = REPO / "examples" / "latent_depth" / "head_to_head.py"
+import head_to_head  # noqa: E402  (examples/latent_depth, on the path testing_utils sets)
+
 VENV = str(Path(sys.executable).parent.parent)  # this test run's virtualenv, for the recipe
-spec = importlib.util.spec_from_file_location("head_to_head", RUNNER)
-head_to_head = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(head_to_head)
 
 
 def small_multi30k(src, dst, lines=((("train", 300), ("val", 8), ("test_2016_flickr", 4)))):

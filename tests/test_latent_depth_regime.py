@@ -1,21 +1,15 @@
 """Latent depth in its own regime (examples/latent_depth/depth_regime.py): the divergence verdict
 fixed before the runs, a run's row, and Fig. 2's per-layer gradient norms."""
-import importlib.util
 import json
 import os
-import sys
 import threading
 from argparse import Namespace
 
 import pytest
 
-from testing_utils import REPO, cli
+from testing_utils import cli
 
-SCRIPT = REPO / "examples" / "latent_depth" / "depth_regime.py"
-sys.path.insert(0, str(SCRIPT.parent))  # the script imports its neighbour head_to_head.py, as when run
-spec = importlib.util.spec_from_file_location("depth_regime", SCRIPT)
-depth_regime = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(depth_regime)
+import depth_regime  # noqa: E402  (examples/latent_depth, on the path testing_utils sets)
 
 
 @pytest.mark.parametrize("curve, failed, verdict", [

@@ -33,7 +33,9 @@ from fairseq_widearch.models.base import use_causal_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "multi30k"))
-sys.path.insert(0, str(REPO / "benchmarks"))  # the benchmarks, importable as they import each other (cli)
+# the benchmarks and the recipes' scripts, importable as they import their neighbours (cli)
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "examples" / "latent_depth"))
 import prepare  # noqa: E402  (the recipes' own download)
 
 BIN = Path(sys.executable).parent
@@ -332,6 +334,7 @@ def parent_and_export(variant, sub_transformer):
     loaded = build(exported_args, VOCAB, VOCAB)
     loaded.load_state_dict(exported.state_dict())  # fairseq's load: upgrade_state_dict, then the weights
     return parent, loaded
+
 
 # The CUDA tier's checks as functions of the device and dtype: the tier runs them in fp16 on the
 # GPU (tests/cuda/test_cuda.py), every CI run in bf16 on the CPU (tests/test_bf16.py), so that what
