@@ -1,7 +1,8 @@
-"""The documentation covers every flag the plugin adds and every figure it shows."""
+"""The documentation covers every flag the plugin adds and shows each figure as its committed row has it."""
 import dataclasses
 import re
 
+import figures
 import pytest
 from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
 from fairseq.dataclass import FairseqDataclass
@@ -40,3 +41,20 @@ def test_every_linked_page_and_image_exists():
     for page in DOCS.glob("*.md"):
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_every_marked_figure_is_written_from_its_row():
+    figures.main(["--check"])
+
+
+def test_the_check_names_a_page_whose_figure_differs_from_its_row(monkeypatch, tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("BLEU <!-- figure bleu compare system=widenet -->35.00 ± 0.43 (35.38, 34.77)<!-- end -->.\n")
+    monkeypatch.setattr(figures, "pages", lambda: [page])
+    monkeypatch.setattr(figures, "REPO", tmp_path)
+    with pytest.raises(SystemExit, match="page.md"):
+        figures.main(["--check"])
+    figures.main([])
+    row = figures.bleu("compare", "system=widenet")
+    assert not row.startswith("35.00") and page.read_text() == f"BLEU <!-- figure bleu compare system=widenet -->{row}<!-- end -->.\n"
+

@@ -1,6 +1,7 @@
 """python -m fairseq_widearch.cli.stats on stock fairseq and plugin architectures."""
 import json
 
+import figures
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,3 +89,10 @@ def test_grouped_matrix_product_counts_as_the_loop_over_its_groups(layout):
         out.backward(torch.randn_like(out))
 
     assert flops(grouped) == flops(loop) > 0
+
+
+@pytest.mark.slow
+def test_the_committed_presets_row_is_what_the_tool_prints_today():
+    """docs/data/presets.jsonl feeds the pages' sizes and MACs (tools/figures.py)."""
+    row = next(r for r in figures.rows("presets") if r["arch"] == "widenet_b")
+    assert stats("--arch", "widenet_b") == row

@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO / "examples" / "multi30k"))
 # the benchmarks and the recipes' scripts, importable as they import their neighbours (cli)
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "examples" / "latent_depth"))
+sys.path.insert(0, str(REPO / "tools"))
 import prepare  # noqa: E402  (the recipes' own download)
 
 BIN = Path(sys.executable).parent

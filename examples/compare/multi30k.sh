@@ -6,7 +6,7 @@
 # BLEU-vs-MACs figure.
 #
 #   bash examples/compare/multi30k.sh [--max-update 1320] [--seeds 1,2] [--minutes M] [--work-dir DIR]
-#                                     [--data-dir DIR] [--results FILE] [--figure PNG] [--systems a,b,...]
+#                                     [--data-dir DIR] [--results FILE] [--throughput JSON] [--figure PNG] [--systems a,b,...]
 #                                     [--device cpu|cuda] [--jobs N]
 #
 # 6 x 2 runs (docs/results.md gives each run's wall time; python -m fairseq_widearch.experiments.compare). Running
@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --data-dir) DATA_DIR="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
-    --max-update|--seeds|--minutes|--results|--figure|--systems|--device|--jobs) ARGS+=("$1" "$2"); shift 2 ;;
+    --max-update|--seeds|--minutes|--results|--throughput|--figure|--systems|--device|--jobs) ARGS+=("$1" "$2"); shift 2 ;;
     -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac

@@ -251,8 +251,9 @@ def bleu_summary(scores) -> str:
 
 
 def summarise(rows, speeds: Dict[str, dict]) -> list:
-    """One entry per system (per width): its rows over the seeds, BLEU statistics, the throughput."""
-    systems = list(dict.fromkeys(r["system"] for r in rows))
+    """One entry per system (per width), in ``SYSTEMS``' order: its rows over the seeds, BLEU
+    statistics, the throughput."""
+    systems = sorted(dict.fromkeys(r["system"] for r in rows), key=lambda s: list(SYSTEMS).index(s.split(" ")[0]))
     out = []
     for system in systems:
         runs = sorted((r for r in rows if r["system"] == system), key=lambda r: r["seed"])
@@ -323,6 +324,9 @@ def main(argv=None):
     p.add_argument("--lenpen", default="1.0")
     p.add_argument("--results", type=Path, help="the results file, one row per run (default WORK/results.jsonl)")
     p.add_argument("--figure", type=Path, help="PNG path (default WORK/bleu_vs_macs.png)")
+    p.add_argument("--throughput", type=Path,
+                   help="the speeds measured side by side (default WORK/throughput.json); measured and written "
+                        "there when a system lacks one")
     args = p.parse_args(argv)
     systems = args.systems.split(",")
     unknown = set(systems) - set(SYSTEMS)
@@ -331,7 +335,7 @@ def main(argv=None):
     runner.share_cores(args.device, args.jobs)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     results = runner.Results(args.results or args.work_dir / "results.jsonl", key=("system", "seed"))
-    speed_file = args.work_dir / "throughput.json"
+    speed_file = args.throughput or args.work_dir / "throughput.json"
     todo = [(name, seed) for seed in args.seeds for name in systems
             if not any(r["system"].split(" ")[0] == name and r["seed"] == seed for r in results.rows)]
 

@@ -43,6 +43,7 @@ from ..cli.average_checkpoints import average
 from ..cli.plotting import pyplot
 from . import runner
 from .claims import CLAIMS, Claim, System
+from .compare import bleu_summary
 from .scoring import BIN, USER_DIR, corpus_bleu, generate
 from .settings import OPTIMISATION, criterion_flags
 
@@ -298,14 +299,14 @@ def curves(rows: List[dict], claim: Claim) -> Dict[str, Tuple[int, List[float]]]
 
 def table(rows: List[dict], claim: Claim) -> str:
     """Markdown: one line per system, seeds averaged (each seed's BLEU listed)."""
-    lines = ["| system | params | epochs | updates | train time (s) | valid loss | BLEU (per seed) |",
+    lines = ["| system | params | epochs | updates | train time (s) | valid loss | BLEU: mean ± sd (per seed) |",
              "|---|---|---|---|---|---|---|"]
     for name in row_names(rows, claim):
         runs = sorted((r for r in rows if r["claim"] == claim.name and r["system"] == name), key=lambda r: r["seed"])
         lines.append(f"| {name} | {runs[0]['params'] / 1e6:.2f}M | {joined(runs, 'epochs')} | "
                      f"{joined(runs, 'updates')} | "
                      f"{joined(runs, 'train_seconds', '{:.0f}')} | {mean(runs, 'valid_loss'):.3f} | "
-                     f"{mean(runs, 'bleu'):.2f} ({joined(runs, 'bleu', '{:.2f}')}) |")
+                     f"{bleu_summary([r['bleu'] for r in runs])} |")
     return "\n".join(lines)
 
 
