@@ -32,6 +32,8 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
   progress, but its SIGINT cannot end one that waits in a collective for a hung peer.
 * ``checkpoint_copies_are_atomic``: a kill while fairseq copies a saved checkpoint to
   ``checkpoint_last.pt`` leaves that file cut short.
+* ``help_lists_model_flags``: ``fairseq-train --arch X --help`` (``fairseq-generate`` alike)
+  prints its help before it adds the flags of X, its task and its criterion, so none of them show.
 * ``prefetching_stops_at_exit``: ``fairseq-train`` stopped mid-epoch (``--max-update``,
   ``--max-valid-steps``) can abort at exit ("terminate called without an active exception",
   exit status 134 or -6) after it has finished and saved.
@@ -55,6 +57,7 @@ import numpy as np
 import torch
 from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.data import data_utils
+from fairseq import options
 from fairseq.distributed import utils as distributed_utils
 from fairseq.models import BaseFairseqModel
 from fairseq.optim.amp_optimizer import AMPOptimizer
@@ -508,3 +511,35 @@ def prefetching_stops_at_exit():
     _create_consumer.stops_at_exit = True
     BufferedIterator._create_consumer = _create_consumer
     atexit.register(_stop_prefetching)
+
+
+def help_lists_model_flags():
+    """Print ``--help`` after the architecture's, task's and criterion's flags are added.
+
+    fairseq's ``options.parse_args_and_arch`` parses twice: the first parse reads ``--arch``,
+    ``--task`` and ``--criterion``, then their flags are added for the second. ``--help`` ends the
+    first parse, so the flags a user asks about are never listed. The plugin is imported when
+    ``fairseq-train`` builds its parser, before that call, so the call is wrapped: with ``-h`` or
+    ``--help`` it runs without them (words that are required, such as the data directory, may be
+    missing) and then prints the whole parser's help and exits with status 0. Idempotent.
+    """
+    original = options.parse_args_and_arch
+    if getattr(original, "help_lists_model_flags", False):
+        return
+
+    @functools.wraps(original)
+    def parse_args_and_arch(parser, input_args=None, *args, **kwargs):
+        argv = sys.argv[1:] if input_args is None else list(input_args)
+        if not {"-h", "--help"} & set(argv):
+            return original(parser, input_args, *args, **kwargs)
+        parser.error = lambda message: None  # a required word missing does not matter to the help
+        try:
+            original(parser, [a for a in argv if a not in ("-h", "--help")], *args, **kwargs)
+        except (KeyError, RuntimeError):  # no --arch given: fairseq's own help, as upstream
+            pass
+        del parser.error
+        parser.print_help()
+        sys.exit(0)
+
+    parse_args_and_arch.help_lists_model_flags = True
+    options.parse_args_and_arch = parse_args_and_arch

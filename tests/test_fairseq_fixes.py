@@ -172,3 +172,13 @@ def test_a_run_stopped_mid_epoch_exits_cleanly_while_its_prefetching_thread_coll
     # the abort comes at the interpreter's exit
     proc = subprocess.run([sys.executable, "-c", STOPPED_MID_EPOCH], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("tool,flags,listed", [
+    ("train", ["--arch", "widenet_tiny", "--criterion", "moe_label_smoothed_cross_entropy"],
+     ["--moe-dispatch", "--moe-balance-weight", "--max-tokens"]),
+    ("generate", ["--task", "scalable_translation"], ["--eval-width", "--beam"])])
+def test_help_lists_the_flags_of_the_architecture_task_and_criterion(tool, flags, listed):
+    """No data directory given, as a user asking for help gives none."""
+    out = fairseq(tool, "--user-dir", REPO / "fairseq_widearch", *flags, "--help")
+    assert [flag for flag in listed if flag not in out.stdout] == []
