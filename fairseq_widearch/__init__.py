@@ -14,7 +14,7 @@ from .checkpoint_loading import allow_fairseq_checkpoint_globals, name_unreadabl
 from .fairseq_fixes import (amp_loss_scaler_flags, bf16_inference, bf16_without_tpu, finished_runs_stay_finished,
                             keep_last_batch, require_auxiliary_criterion, resume_patience, torchrun_joins_one_group,
                             bmuf_world_size, pytorch_ddp_on_cpu, heartbeat_ends_a_hung_job, checkpoint_copies_are_atomic, prefetching_stops_at_exit,
-                            help_lists_model_flags)
+                            help_lists_model_flags, presets_reach_the_criterion)
 
 allow_fairseq_checkpoint_globals()
 name_unreadable_checkpoints()
@@ -32,6 +32,7 @@ heartbeat_ends_a_hung_job()
 checkpoint_copies_are_atomic()
 prefetching_stops_at_exit()
 help_lists_model_flags()
+presets_reach_the_criterion()
 
 from . import criterions, models, modules, tasks  # noqa: E402  (registration)
 

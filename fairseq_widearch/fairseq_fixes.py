@@ -34,11 +34,15 @@ wrong answer by the right one or by an error; nothing else of fairseq's behaviou
   ``checkpoint_last.pt`` leaves that file cut short.
 * ``help_lists_model_flags``: ``fairseq-train --arch X --help`` (``fairseq-generate`` alike)
   prints its help before it adds the flags of X, its task and its criterion, so none of them show.
+* ``presets_reach_the_criterion``: under ``fairseq-hydra-train`` an architecture preset's settings
+  of its criterion's fields (latent depth's training schedule) do not reach the criterion, which
+  trains with its own defaults.
 * ``prefetching_stops_at_exit``: ``fairseq-train`` stopped mid-epoch (``--max-update``,
   ``--max-valid-steps``) can abort at exit ("terminate called without an active exception",
   exit status 134 or -6) after it has finished and saved.
 """
 import atexit
+import dataclasses
 import functools
 import importlib.util
 import logging
@@ -55,12 +59,14 @@ from typing import Optional
 
 import numpy as np
 import torch
-from fairseq.criterions import CRITERION_REGISTRY
+from omegaconf import DictConfig, open_dict
+from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
 from fairseq.data import data_utils
 from fairseq import options
 from fairseq.distributed import utils as distributed_utils
 from fairseq.models import BaseFairseqModel
 from fairseq.optim.amp_optimizer import AMPOptimizer
+from fairseq.tasks import FairseqTask
 from fairseq.trainer import Trainer
 
 
@@ -543,3 +549,41 @@ def help_lists_model_flags():
 
     parse_args_and_arch.help_lists_model_flags = True
     options.parse_args_and_arch = parse_args_and_arch
+
+
+def presets_reach_the_criterion():
+    """Under ``fairseq-hydra-train``, give the criterion the preset's value of each of its fields that
+    its config leaves out.
+
+    ``fairseq-train`` reads the model's and the criterion's settings from one namespace, in which an
+    architecture preset (``register_model_architecture``) also sets the criterion's fields it owns
+    (latent depth's training schedule). ``fairseq-hydra-train`` keeps ``criterion`` apart from
+    ``model`` and applies the preset to ``model`` alone, so the criterion would train with its own
+    defaults. The task keeps the model config it built from (the preset applied to it in place);
+    ``build_criterion`` copies from it each field of the criterion's dataclass that the criterion's
+    config leaves unset (None), as the preset's ``set_unset`` does under ``fairseq-train``, where
+    the namespace is one and nothing is left to copy. A value given on the command line or in the
+    YAML is kept. Idempotent.
+    """
+    build_model, build_criterion = FairseqTask.build_model, FairseqTask.build_criterion
+    if getattr(build_criterion, "presets_reach_the_criterion", False):
+        return
+
+    @functools.wraps(build_model)
+    def model_built(self, cfg, *args, **kwargs):
+        self.model_cfg = cfg
+        return build_model(self, cfg, *args, **kwargs)
+
+    @functools.wraps(build_criterion)
+    def criterion_built(self, cfg, *args, **kwargs):
+        model, name = getattr(self, "model_cfg", None), getattr(cfg, "_name", None)
+        if isinstance(cfg, DictConfig) and isinstance(model, DictConfig) and name in CRITERION_DATACLASS_REGISTRY:
+            fields = [f.name for f in dataclasses.fields(CRITERION_DATACLASS_REGISTRY[name])]
+            with open_dict(cfg):
+                for field in fields:
+                    if cfg.get(field) is None and model.get(field) is not None:
+                        cfg[field] = model[field]
+        return build_criterion(self, cfg, *args, **kwargs)
+
+    criterion_built.presets_reach_the_criterion = True
+    FairseqTask.build_model, FairseqTask.build_criterion = model_built, criterion_built
