@@ -58,3 +58,22 @@ def test_the_check_names_a_page_whose_figure_differs_from_its_row(monkeypatch, t
     row = figures.bleu("compare", "system=widenet")
     assert not row.startswith("35.00") and page.read_text() == f"BLEU <!-- figure bleu compare system=widenet -->{row}<!-- end -->.\n"
 
+
+
+ARCHITECTURE_SECTIONS = ["Idea", "Usage", "Results", "Fidelity", "Limitations", "Citation"]
+
+
+@pytest.mark.parametrize("model", sorted(m.__name__ for m in PLUGIN_MODELS))
+def test_every_architecture_page_is_a_reference_of_at_most_250_lines_in_the_anchors_order(model):
+    name = next(n for n, c in MODEL_REGISTRY.items() if c.__name__ == model)
+    text = (DOCS / f"{name}.md").read_text()
+    assert re.findall(r"^## (.+)$", text, re.M) == ARCHITECTURE_SECTIONS
+    assert len(text.splitlines()) <= 250
+
+
+def test_readme_is_at_most_150_lines_and_the_manual_at_most_25000_words():
+    """The manual: README and docs/*.md; the API pages (built from docstrings) and the dated records
+    (docs/records) are apart."""
+    assert len((REPO / "README.md").read_text().splitlines()) <= 150
+    words = sum(len(page.read_text().split()) for page in [REPO / "README.md", *DOCS.glob("*.md")])
+    assert words <= 25000

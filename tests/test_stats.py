@@ -94,5 +94,5 @@ def test_grouped_matrix_product_counts_as_the_loop_over_its_groups(layout):
 @pytest.mark.slow
 def test_the_committed_presets_row_is_what_the_tool_prints_today():
     """docs/data/presets.jsonl feeds the pages' sizes and MACs (tools/figures.py)."""
-    row = next(r for r in figures.rows("presets") if r["arch"] == "widenet_b")
-    assert stats("--arch", "widenet_b") == row
+    row = next(r for r in figures.rows("presets") if r["name"] == "widenet_b")
+    assert stats(*row.pop("argv")) == {k: v for k, v in row.items() if k not in ("name", "paper_params")}

@@ -26,8 +26,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "docs" / "data"
 MARKED = re.compile(r"(<!-- figure (?P<args>[^>]*?) -->)(?P<text>.*?)(<!-- end -->)", re.S)
-#: paper-size presets whose size and MACs the pages give: (preset, stats tool arguments)
-PRESETS = {"widenet_b": [], "widenet_l": [], "widenet_h": []}
+DEEP = ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before", "--share-all-embeddings"]
+#: The rows of presets.jsonl: name -> (the stats tool's arguments, the paper's parameter count in
+#: millions where a table of the paper gives one, the label of the pages' tables).
+PRESETS = {
+    **{f"widenet_{s}": (["--arch", f"widenet_{s}"], None, None) for s in "blh"},
+    "widenet_wmt_en_de": (["--arch", "widenet_wmt_en_de"], None, None),
+    "scalable_transformer_wmt_en_de": (["--arch", "scalable_transformer_wmt_en_de", "--vocab-size", "32768"], None, None),
+    **{f"multipath_transformer_{p}": (["--arch", f"multipath_transformer_{p}", "--vocab-size", "35000"], m, None)
+       for p, m in [("6l_2p", 80), ("12l_2p", 118), ("6l_4p", 118), ("12l_3p", 156), ("6l_6p", 156),
+                    ("24l_2p", 193), ("12l_4p", 193), ("6l_8p", 193)]},
+    **{f"deep{n}": ([*DEEP, "--encoder-layers", str(n), "--vocab-size", "35000"], m, f"`transformer` Deep{n} (pre-norm)")
+       for n, m in [(6, 62), (12, 80), (24, 118), (36, 156), (48, 193)]},
+    **{f"latent_depth_transformer_{p}": (["--arch", f"latent_depth_transformer_{p}", "--vocab-size", "33000"], m, None)
+       for p, m in [("lld_12_24", 135), ("lld_12_48", 211), ("llboth_36_36", 224), ("llboth_48_48", 287),
+                    ("llboth_64_64", 371)]},
+    **{f"partialformer_{p}": (["--arch", f"partialformer_{p}", "--vocab-size", v], m, None)
+       for p, v, m in [("6_6_d512_h24_16", "34040", 63), ("24_6_d512_h24_16", "34040", 115),
+                       ("24_6_d360_h24_16", "34040", 61), ("24_6_d360_h30_16", "34040", 68),
+                       ("24_6_d360_h8_8", "34040", 36), ("24_6_d320_h24_24", "19064", 48)]},
+}
 
 
 def rows(name: str) -> list:
@@ -77,13 +95,48 @@ def regime(setting: str, systems: str) -> str:
 def stats(field: str, *presets: str) -> str:
     """A stats-tool figure of each preset, from docs/data/presets.jsonl: parameters in millions, MACs
     in billions, listed as 'a, b and c'."""
-    by_arch = {r["arch"]: r for r in rows("presets")}
+    by_arch = {r["name"]: r for r in rows("presets")}
     scale, unit = (1e9, "B") if field.startswith("macs") else (1e6, "M")
     values = [f"{by_arch[p][field] / scale:.2f}{unit}" for p in presets]
     return ", ".join(values[:-1]) + (" and " if len(values) > 1 else "") + values[-1]
 
 
-WRITERS = {"bleu": bleu, "compare": compare, "claim": claim, "regime": regime, "stats": stats}
+#: The estimate's assumptions: an H100's (or H200's) dense bf16 peak, the share of it a training step
+#: uses, and the bytes per parameter of mixed-precision Adam (fp32 master weights, m and v; 16-bit
+#: weights and gradients).
+GPU_PEAK_FLOPS, GPU_UTILISATION, BYTES_PER_PARAM = 989e12, 0.30, 16
+
+
+def gpu_estimate(*names: str) -> str:
+    """Per preset, an estimate from its MACs: training FLOPs per target token (2 FLOPs per MAC, the
+    backward pass twice the forward, one 20 + 20-token pair's MACs over its 20 target tokens), the
+    GPU-hours one billion target tokens take at ``GPU_UTILISATION`` of ``GPU_PEAK_FLOPS``, and the
+    memory of the weights and Adam's state (activations, which ``--max-tokens`` sets, left out)."""
+    by_name = {r["name"]: r for r in rows("presets")}
+    lines = ["| preset | params | training GFLOPs per target token | GPU-hours per 10⁹ target tokens "
+             "(estimate) | weights + Adam state |", "|---|---|---|---|---|"]
+    for name in names:
+        r = by_name[name]
+        flops = 2 * 3 * r["macs"] / 20
+        hours = flops * 1e9 / (GPU_UTILISATION * GPU_PEAK_FLOPS) / 3600
+        lines.append(f"| `{name}` | {r['params'] / 1e6:.0f}M | {flops / 1e9:.2f} | {hours:.1f} | "
+                     f"{r['params'] * BYTES_PER_PARAM / 2 ** 30:.1f} GiB |")
+    return "\n".join(lines)
+
+
+def sizes(*names: str) -> str:
+    """A table of the presets' parameters against their paper's and MACs of one 20 + 20-token pair."""
+    by_name = {r["name"]: r for r in rows("presets")}
+    lines = ["| preset | paper | ours | Δ | MACs (20+20) |", "|---|---|---|---|---|"]
+    for name in names:
+        r, label = by_name[name], PRESETS[name][2] or f"`{name}`"
+        lines.append(f"| {label} | {r['paper_params']}M | {r['params'] / 1e6:.2f}M | "
+                     f"{100 * (r['params'] / 1e6 / r['paper_params'] - 1):+.1f}% | {r['macs'] / 1e9:.2f}B |")
+    return "\n".join(lines)
+
+
+WRITERS = {"bleu": bleu, "compare": compare, "claim": claim, "regime": regime, "stats": stats, "sizes": sizes,
+           "gpu_estimate": gpu_estimate}
 
 
 def written(text: str) -> str:
@@ -101,14 +154,15 @@ def pages() -> list:
 
 
 def write_presets():
-    """docs/data/presets.jsonl from the stats tool, one line per preset of ``PRESETS``."""
+    """docs/data/presets.jsonl from the stats tool, one line per row of ``PRESETS``."""
     from fairseq_widearch.cli import stats as tool
     lines = []
-    for preset, extra in PRESETS.items():
+    for name, (argv, paper, _) in PRESETS.items():
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            tool.main(["--arch", preset, *extra])
-        lines.append(out.getvalue().strip().splitlines()[-1])
+            tool.main(argv)
+        row = {"name": name, "argv": argv, "paper_params": paper, **json.loads(out.getvalue().strip().splitlines()[-1])}
+        lines.append(json.dumps(row))
     (DATA / "presets.jsonl").write_text("\n".join(lines) + "\n")
 
 

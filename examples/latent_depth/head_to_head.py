@@ -13,7 +13,7 @@ a time with one thread each (so the runs of a batch are timed side by side), and
 row per finished run: updates, training wall time (fairseq's cumulative ``wall``), updates/s, the
 runs beside it, the final posterior q(z = 1) of every pair and decoder layer, and sacreBLEU and
 the output-length ratio per decoding mode and pair. A run interrupted in training resumes from its
-checkpoint. ``report`` prints the table of docs/latent_depth_transformer.md: mean ± sample
+checkpoint. ``report`` prints the table of docs/records/latent_depth_runs.md: mean ± sample
 standard deviation over the seeds (and the min-max range) per system and decoding mode.
 """
 import argparse

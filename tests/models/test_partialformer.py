@@ -212,7 +212,7 @@ def test_checkpoints_from_before_the_released_codes_default_rebuild_as_trained()
 
 @pytest.mark.parametrize("kernel", ["explicit", "sdpa"])
 def test_every_attention_kernel_gives_the_same_loss_and_gradients(kernel):
-    """``--partial-attention-kernel`` (docs/partialformer.md, "Speed") against ``auto``, in training
+    """``--partial-attention-kernel`` (docs/partialformer.md, "Fidelity") against ``auto``, in training
     with residual and activation dropout (attention dropout off: SDPA's draws other random numbers),
     head scaling in the encoder (H 6 > H_0 4) and none in the decoder (H = H_0), right-padded
     targets; the operators show which kernel ran."""
