@@ -274,6 +274,8 @@ def argparse_error(call) -> Optional[str]:
         except Parsed:
             return None
         except SystemExit as e:
+            if e.code == 0:  # --help printed
+                return None
             return err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {e.code}"
     return "the tool ran without parsing any arguments"
 
