@@ -1,6 +1,7 @@
 """Shared fixtures: tiny real data (slices of Multi30k) and trained checkpoints; helpers are in
 testing_utils.py."""
 import shutil
+from collections import Counter
 
 import pytest
 import torch
@@ -20,8 +21,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """The CUDA tier's tests in the order of their ``tier_order`` keys, in the places they hold among
-    the collected tests (tests/cuda/test_cuda.py, ARCH_ORDER: the order its workers take them)."""
+    """Test files with processes (e2e) first, then those with more slow tests, so that under
+    ``--dist loadfile`` (tests/run.sh) the longest files start first and the fast ones fill the
+    workers' last minutes; then the CUDA tier's
+    tests in the order of their ``tier_order`` keys, in the places they hold among the collected tests
+    (tests/cuda/test_cuda.py, ARCH_ORDER: the order its workers take them)."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    processes = {item.path for item in items if item.get_closest_marker("e2e")}
+    items.sort(key=lambda item: (item.path not in processes, -slow[item.path]))  # stable: a file's order kept
     slots = [i for i, item in enumerate(items) if item.get_closest_marker("tier_order")]
     ranked = sorted((items[i] for i in slots), key=lambda item: item.get_closest_marker("tier_order").args[0])
     for i, item in zip(slots, ranked):

@@ -194,9 +194,14 @@ def test_each_usage_block_trains_decodes_and_scores(after_readme, arch):
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_deploys_block_prunes_and_converts_the_latent_depth_usage_blocks_model(after_readme):
+    """Then its Python block translates a sentence of raw text with the converted model."""
     bash(as_test(usage_block("latent_depth_transformer") + block("docs/deploy.md", "prune_latent_layers")),
          after_readme)
-    assert (after_readme / "ct2_model" / "model.bin").exists()
+    python = re.findall(r"^```python\n(.*?)^```", (REPO / "docs" / "deploy.md").read_text(), re.M | re.S)
+    assert len(python) == 1
+    translated = subprocess.run([sys.executable, "-c", python[0]], cwd=after_readme, capture_output=True, text=True,
+                                timeout=300)
+    assert translated.returncode == 0 and translated.stdout.strip(), translated.stderr[-2000:]
 
 
 @pytest.mark.slow

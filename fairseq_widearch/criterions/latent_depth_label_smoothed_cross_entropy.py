@@ -172,7 +172,7 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
     Raises:
         ValueError: at construction on a malformed ``--latent-prior-beta``, a negative K, a Beta prior
             a non-positive or unset a, an unset K or ``--latent-utilization probs`` under the released
-            objective (fairseq-train's presets set a and K; give them under fairseq-hydra-train); at
+            objective (every preset sets a and K); at
             the first batch if K exceeds a
             latent stack's depth, the model has no latent layers, or the aggregated prior meets a model
             with one posterior.
