@@ -1,6 +1,6 @@
-"""mkdocs hook: the site's quick-start page is README's "Quick start" and "Train on your own data",
-included when the site is built (docs/quickstart.md names them), so that the two read the same and
-are written once. README's links, relative to the repository root (``docs/usage.md``), are made
+"""mkdocs hook: the site's quick-start page (``quickstart.md``, which only the site has) is README's
+"Quick start" and "Train on your own data", generated when the site is built, so that the two read
+the same and are written once. README's links, relative to the repository root (``docs/usage.md``), are made
 relative to docs/ (``usage.md``); a link to a file outside docs/ fails the build, naming it. The
 pages link those sections in README, as GitHub shows them (``../README.md#quick-start``); the site
 links its quick-start page instead."""
@@ -8,11 +8,10 @@ import re
 from pathlib import Path
 
 README = Path(__file__).parent / "README.md"
-#: ``<!-- README: Heading -->`` in a page: replaced by README's ``## Heading`` section.
-MARKER = re.compile(r"<!-- README: (.+?) -->")
-#: The anchors of README's sections the site holds (docs/quickstart.md's markers).
-INCLUDED = {heading.lower().replace(" ", "-")
-            for heading in MARKER.findall((Path(__file__).parent / "docs" / "quickstart.md").read_text())}
+#: README's sections the site's quick-start page holds.
+SECTIONS = ("Quick start", "Train on your own data")
+#: Their anchors, which the pages' links to README name.
+INCLUDED = {heading.lower().replace(" ", "-") for heading in SECTIONS}
 
 
 def readme_section(heading: str) -> str:
@@ -54,10 +53,13 @@ def links_to_the_site(markdown: str, src_uri: str) -> str:
     return re.sub(rf"\]\({re.escape(up)}\.\./README\.md#([\w-]+)\)", link, markdown)
 
 
+def on_files(files, config, **kwargs):
+    """Add the quick-start page, README's sections with their links made the site's."""
+    from mkdocs.structure.files import File
+    text = "# Quick start and your own data\n\n" + "\n".join(relative_to_docs(readme_section(s)) for s in SECTIONS)
+    files.append(File.generated(config, "quickstart.md", content=text))
+    return files
+
+
 def on_page_markdown(markdown, page, **kwargs):
-    markdown = links_to_the_site(markdown, page.file.src_uri)
-    if not MARKER.search(markdown):
-        return markdown
-    # the page's own text after its markers points GitHub readers to README; the site has the sections
-    body = MARKER.sub(lambda m: relative_to_docs(readme_section(m.group(1))), markdown)
-    return re.sub(r"\n<!-- github -->.*", "\n", body, flags=re.S)
+    return links_to_the_site(markdown, page.file.src_uri)

@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR [--dry-run] [gpu_check.py flags]
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-case "${1:-}" in -h|--help|"") sed -n 2,7p "$0"; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n 2,7p "$0"; exit 0 ;; "") sed -n 7p "$0" >&2; exit 2 ;; esac
 OUT="$1"
 shift
 PY=python3

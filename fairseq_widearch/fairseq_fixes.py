@@ -66,7 +66,7 @@ from fairseq import options
 from fairseq.distributed import utils as distributed_utils
 from fairseq.models import BaseFairseqModel
 from fairseq.optim.amp_optimizer import AMPOptimizer
-from fairseq.tasks import FairseqTask
+from fairseq.tasks import FairseqTask, LegacyFairseqTask
 from fairseq.trainer import Trainer
 
 
@@ -527,7 +527,8 @@ def help_lists_model_flags():
     first parse, so the flags a user asks about are never listed. The plugin is imported when
     ``fairseq-train`` builds its parser, before that call, so the call is wrapped: with ``-h`` or
     ``--help`` it runs without them (words that are required, such as the data directory, may be
-    missing) and then prints the whole parser's help and exits with status 0. Idempotent.
+    missing; any other error, an unknown ``--arch`` for one, ends it as without ``--help``) and then
+    prints the whole parser's help and exits with status 0. Idempotent.
     """
     original = options.parse_args_and_arch
     if getattr(original, "help_lists_model_flags", False):
@@ -538,12 +539,19 @@ def help_lists_model_flags():
         argv = sys.argv[1:] if input_args is None else list(input_args)
         if not {"-h", "--help"} & set(argv):
             return original(parser, input_args, *args, **kwargs)
-        parser.error = lambda message: None  # a required word missing does not matter to the help
+        error = parser.error
+
+        def unless_missing(message):  # a required word missing (the data directory) does not matter to the help
+            if not message.startswith("the following arguments are required"):
+                error(message)
+
+        parser.error = unless_missing
         try:
             original(parser, [a for a in argv if a not in ("-h", "--help")], *args, **kwargs)
-        except (KeyError, RuntimeError):  # no --arch given: fairseq's own help, as upstream
+        except RuntimeError:  # no --arch given: fairseq's own help, as upstream
             pass
-        del parser.error
+        finally:
+            parser.error = error
         parser.print_help()
         sys.exit(0)
 
@@ -552,25 +560,36 @@ def help_lists_model_flags():
 
 
 def presets_reach_the_criterion():
-    """Under ``fairseq-hydra-train``, give the criterion the preset's value of each of its fields that
-    its config leaves out.
+    """Under ``fairseq-hydra-train``, let the preset read the criterion's settings and give the
+    criterion the preset's value of each of its fields that its config leaves unset.
 
     ``fairseq-train`` reads the model's and the criterion's settings from one namespace, in which an
-    architecture preset (``register_model_architecture``) also sets the criterion's fields it owns
-    (latent depth's training schedule). ``fairseq-hydra-train`` keeps ``criterion`` apart from
-    ``model`` and applies the preset to ``model`` alone, so the criterion would train with its own
-    defaults. The task keeps the model config it built from (the preset applied to it in place);
-    ``build_criterion`` copies from it each field of the criterion's dataclass that the criterion's
-    config leaves unset (None), as the preset's ``set_unset`` does under ``fairseq-train``, where
-    the namespace is one and nothing is left to copy. A value given on the command line or in the
-    YAML is kept. Idempotent.
+    architecture preset (``register_model_architecture``) reads criterion flags (latent depth's
+    ``--latent-objective``) and sets the criterion's fields it owns (its training schedule).
+    ``fairseq-hydra-train`` keeps ``criterion`` apart from ``model`` and applies the preset to
+    ``model`` alone, so the preset would read no criterion flag and the criterion would train with
+    its own defaults. Wrapped, for the tasks of both of fairseq's bases: ``build_model`` first adds
+    to the model config the criterion's set fields it lacks (from the config both belong to), so
+    the preset reads them; ``build_criterion`` then copies from the model config each field of the
+    criterion's dataclass that the criterion's config leaves unset (None), as the preset's
+    ``set_unset`` does under ``fairseq-train``, where the namespace is one and nothing is copied. A
+    value given on the command line or in the YAML is kept. Idempotent.
     """
-    build_model, build_criterion = FairseqTask.build_model, FairseqTask.build_criterion
-    if getattr(build_criterion, "presets_reach_the_criterion", False):
-        return
+    for task in (FairseqTask, LegacyFairseqTask):
+        if not getattr(task.build_criterion, "presets_reach_the_criterion", False):
+            task.build_model, task.build_criterion = _one_namespace(task.build_model, task.build_criterion)
 
+
+def _one_namespace(build_model, build_criterion):
     @functools.wraps(build_model)
     def model_built(self, cfg, *args, **kwargs):
+        root = cfg._get_parent() if isinstance(cfg, DictConfig) else None  # OmegaConf: the whole config
+        criterion = root.get("criterion") if isinstance(root, DictConfig) else None
+        if isinstance(criterion, DictConfig):
+            with open_dict(cfg):
+                for field, value in criterion.items():
+                    if field != "_name" and value is not None and field not in cfg:
+                        cfg[field] = value
         self.model_cfg = cfg
         return build_model(self, cfg, *args, **kwargs)
 
@@ -586,4 +605,4 @@ def presets_reach_the_criterion():
         return build_criterion(self, cfg, *args, **kwargs)
 
     criterion_built.presets_reach_the_criterion = True
-    FairseqTask.build_model, FairseqTask.build_criterion = model_built, criterion_built
+    return model_built, criterion_built

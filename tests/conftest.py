@@ -20,15 +20,21 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "tier_order(key): where the CUDA tier's test is collected (tests/cuda)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
-    """Test files with processes (e2e) first, then those with more slow tests, so that under
-    ``--dist loadfile`` (tests/run.sh) the longest files start first and the fast ones fill the
-    workers' last minutes; then the CUDA tier's
+    """The tests of a file with fixtures of its own built once per file (module scope) in one xdist
+    group, so that under ``--dist loadgroup`` (tests/run.sh) one worker builds them; every other test
+    goes to whichever worker is free. Files with processes (e2e) first, then those with more slow
+    tests, so that the longest tests start first and the fast ones fill the workers' last minutes;
+    then the CUDA tier's
     tests in the order of their ``tier_order`` keys, in the places they hold among the collected tests
     (tests/cuda/test_cuda.py, ARCH_ORDER: the order its workers take them)."""
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     processes = {item.path for item in items if item.get_closest_marker("e2e")}
     items.sort(key=lambda item: (item.path not in processes, -slow[item.path]))  # stable: a file's order kept
+    for item in items:
+        if any(d.scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     slots = [i for i, item in enumerate(items) if item.get_closest_marker("tier_order")]
     ranked = sorted((items[i] for i in slots), key=lambda item: item.get_closest_marker("tier_order").args[0])
     for i, item in zip(slots, ranked):

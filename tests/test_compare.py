@@ -64,12 +64,18 @@ def test_every_missing_run_trains_once_on_the_device_asked_jobs_at_a_time(tmp_pa
     monkeypatch.setattr(compare, "matmul_peak_flops", lambda: 1e9)
     monkeypatch.setattr(compare, "side_by_side_throughput", lambda systems, data, peak: {
         name: {"train_tokens_per_s": 1.0, "train_flops_per_token": 1.0, "utilisation": 0.1} for name in systems})
+    kept = {"partialformer": {"train_tokens_per_s": 2.0, "train_flops_per_token": 1.0, "utilisation": 0.2}}
+    (tmp_path / "speeds.json").write_text(json.dumps(kept))
     compare.main(["--data", str(tmp_path), "--bpe-codes", "codes", "--ref", "ref", "--work-dir", str(tmp_path),
                   "--systems", "transformer,widenet", "--seeds", "1,2", "--device", "cuda", "--jobs", "2",
-                  "--results", str(results), "--figure", str(tmp_path / "figure.png")])
+                  "--results", str(results), "--figure", str(tmp_path / "figure.png"),
+                  "--throughput", str(tmp_path / "speeds.json")])
     assert sorted(calls) == [("transformer", 2, "cuda"), ("widenet", 1, "cuda"), ("widenet", 2, "cuda")]
     assert max(at_once) == 2
     assert len(results.read_text().splitlines()) == 4
+    # the systems measured now are added to the throughput file; the speeds it held stay
+    speeds = json.loads((tmp_path / "speeds.json").read_text())
+    assert speeds["partialformer"] == kept["partialformer"] and speeds["widenet"]["matmul_peak_gflops"] == 1.0
 
 
 @pytest.mark.parametrize("user_value, expected", [(None, "2"), ("3", "3")])

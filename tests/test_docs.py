@@ -77,3 +77,10 @@ def test_readme_is_at_most_150_lines_and_the_manual_at_most_25000_words():
     assert len((REPO / "README.md").read_text().splitlines()) <= 150
     words = sum(len(page.read_text().split()) for page in [REPO / "README.md", *DOCS.glob("*.md")])
     assert words <= 25000
+
+
+def test_the_presets_rows_are_those_the_figures_script_names():
+    """docs/data/presets.jsonl is written by ``python tools/figures.py --presets``: one row per
+    preset it names, with the stats tool's arguments and the paper's count it gives."""
+    assert [(r["name"], r["argv"], r["paper_params"]) for r in figures.rows("presets")] == [
+        (name, argv, paper) for name, (argv, paper, _) in figures.PRESETS.items()]

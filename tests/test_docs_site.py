@@ -58,16 +58,17 @@ def test_the_site_builds_strictly(tmp_path):
 
 
 def test_the_pages_link_readmes_sections_where_github_shows_them():
-    """docs/quickstart.md is filled by the site's build alone, so on GitHub a page links README's
-    section itself (the site rewrites the link, mkdocs_hooks.py); every such anchor is a heading
-    of README."""
+    """The site's quick-start page exists only in the site (mkdocs_hooks.py generates it), so a page
+    links README's section itself, as GitHub shows it (the site rewrites the link); every such
+    anchor is a heading of README, and no page links the quick-start page."""
     readme = (REPO / "README.md").read_text()
     headings = {h.lower().replace(" ", "-") for h in re.findall(r"^#+ (.+)$", readme, re.M)}
-    links = {(page.name, anchor) for page in (REPO / "docs").glob("*.md") if page.name != "quickstart.md"
+    links = {(page.name, anchor) for page in (REPO / "docs").glob("*.md")
              for anchor in re.findall(r"\]\(\.\./README\.md#([\w-]+)\)", page.read_text())}
-    assert ("widenet.md", "train-on-your-own-data") in links
+    assert ("widenet.md", "train-on-your-own-data") in links and ("index.md", "quick-start") in links
     assert all(anchor in headings for _, anchor in links), links - {(p, a) for p, a in links if a in headings}
-    assert not [page.name for page in (REPO / "docs").glob("*.md") if "quickstart.md#" in page.read_text()]
+    assert not (REPO / "docs" / "quickstart.md").exists()
+    assert not [page.name for page in (REPO / "docs").glob("*.md") if "quickstart.md" in page.read_text()]
 
 
 #: Sphinx markup, which the site's renderer (mkdocstrings, Markdown) prints as it stands.

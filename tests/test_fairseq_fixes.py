@@ -182,3 +182,9 @@ def test_help_lists_the_flags_of_the_architecture_task_and_criterion(tool, flags
     """No data directory given, as a user asking for help gives none."""
     out = fairseq(tool, "--user-dir", REPO / "fairseq_widearch", *flags, "--help")
     assert [flag for flag in listed if flag not in out.stdout] == []
+
+
+def test_help_with_an_unknown_architecture_names_it_as_without_help():
+    with pytest.raises(AssertionError, match="exited 2") as failed:
+        fairseq("train", "--user-dir", REPO / "fairseq_widearch", "--arch", "widenet_tinyy", "--help")
+    assert "invalid choice: 'widenet_tinyy'" in str(failed.value)

@@ -13,8 +13,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 
 from testing_utils import REPO
 from fairseq_widearch.experiments.settings import criterion
@@ -25,7 +27,8 @@ SLICE = {"train": 200, "valid": 20, "test": 20}  # sentence pairs per split
 UPDATES = 2
 #: Commands that start a training, a decoding, an export or an average.
 RUNS = re.compile(r"fairseq-(train|generate|interactive|hydra-train)\b|torchrun|average_checkpoints|export_subnet|"
-                  r"export_ctranslate2|prune_latent_layers|search_subnets|distillation_targets|bash examples/")
+                  r"export_ctranslate2|prune_latent_layers|search_subnets|distillation_targets|bash examples/|"
+                  r"fairseq_widearch\.experiments|bash benchmarks/")
 #: Blocks run below, each by a phrase only it holds: page -> phrases.
 FLOWS = {"README.md": ["fairseq-preprocess --source-lang en"],
          **{f"docs/{arch}.md": ["sacrebleu raw/test.de"] for arch in ARCHS},
@@ -43,6 +46,11 @@ NOT_RUN = {
                                                               "(tests/test_compare.py runs it on a slice)",
     ("docs/scalable_transformer.md", "wmt14_en_de.sh DATA_BIN"): "WMT14 on GPUs: data and devices this suite "
                                                                  "does not have",
+    ("docs/partialformer.md", "--train-flags \"--partialformer-init ours\""):
+        "the measurement behind its table (two trainings of the comparison; tests/test_compare.py runs the "
+        "comparison on a slice, tests/test_init_scale.py the scales)",
+    ("docs/gpu.md", "gpu_check.sh /tmp/dry --dry-run"): "tests/test_gpu_check.py runs the dry run on prepared data",
+    ("docs/gpu.md", "--part correctness"): "a GPU machine's",
 }
 
 
@@ -136,11 +144,13 @@ def prepared(tmp_path_factory, multi30k_dir):
 @pytest.fixture
 def after_readme(prepared, tmp_path):
     """A fresh directory holding README's prepared data, for a block that starts from it."""
+    started = time.time()
     for name in ("data-bin", "bpe", "raw"):
         (tmp_path / name).symlink_to(prepared[0] / name)
     yield like_the_root(tmp_path)
-    assert not any(p.suffix == ".pt" for p in prepared[0].joinpath("data-bin").rglob("*")), \
-        "a block wrote into the prepared data"
+    written = [p for name in ("data-bin", "bpe", "raw") for p in prepared[0].joinpath(name).rglob("*")
+               if p.stat().st_mtime > started]
+    assert not written, f"a block wrote into the prepared data: {written}"
     shutil.rmtree(tmp_path / "checkpoints", ignore_errors=True)
 
 
@@ -229,7 +239,13 @@ def test_the_averaging_block_averages_the_checkpoints_its_comment_asks_for(after
     averaging = re.sub(r"--num-(update|epoch)-checkpoints \d+", r"--num-\1-checkpoints 3",
                        block("docs/usage.md", "--num-update-checkpoints"))
     bash(training + averaging, after_readme)
-    assert (after_readme / "avg.pt").exists()
+    # the block's last line wins: the mean of the last 3 epoch checkpoints, parameter by parameter
+    run = after_readme / "checkpoints" / "run"
+    epochs = [torch.load(run / f"checkpoint{e}.pt", weights_only=False)["model"] for e in (1, 2, 3)]
+    averaged = torch.load(after_readme / "avg.pt", weights_only=False)["model"]
+    assert averaged.keys() == epochs[0].keys() and "optimizer_history" not in averaged
+    for name, value in averaged.items():
+        torch.testing.assert_close(value, sum(e[name].double() for e in epochs).div(3).to(value.dtype))
 
 
 @pytest.mark.slow

@@ -68,6 +68,20 @@ def bleu(name: str, *conditions) -> str:
     return bleu_summary([r["bleu"] for r in found])
 
 
+def gap(*args: str) -> str:
+    """``+d (s)``: the mean BLEU of the rows ``FILE key=value...`` minus that of the rows after ``vs``
+    (``FILE key=value...``), and the sum of the two seed spreads (a gap counts where it exceeds it)."""
+    split = args.index("vs")
+    sides = []
+    for name, *conditions in (args[:split], args[split + 1:]):
+        scores = [r["bleu"] for r in selected(name, conditions)]
+        if len(scores) < 2:
+            raise SystemExit(f"{name}.jsonl: {len(scores)} rows with {' '.join(conditions)}; a spread needs two")
+        sides.append((statistics.mean(scores), statistics.stdev(scores)))
+    (a, sd_a), (b, sd_b) = sides
+    return f"{a - b:+.2f} ({sd_a + sd_b:.2f})"
+
+
 def compare() -> str:
     """The comparison's table (docs/results.md): its 12 runs and the speeds measured side by side."""
     from fairseq_widearch.experiments import compare as c
@@ -81,15 +95,14 @@ def claim(name: str) -> str:
     return study.table(rows("claims"), study.CLAIMS[name])
 
 
-def regime(setting: str, systems: str) -> str:
-    """The latent-depth regime test's table of one setting, as ``depth_regime.py table`` prints it."""
+def head_to_head() -> str:
+    """The latent-depth head-to-head's table, as ``head_to_head.py report`` prints it."""
     sys.path.insert(0, str(REPO / "examples" / "latent_depth"))
-    import depth_regime
+    import head_to_head as recipe
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        depth_regime.main(["table", "--results", str(DATA / "latent_depth_regime.jsonl"), "--setting", setting,
-                           "--systems", systems])
-    return out.getvalue().strip()
+        recipe.main(["report", "--results", str(DATA / "latent_depth_o2m.jsonl")])
+    return out.getvalue().split("\n\n")[0].strip()
 
 
 def stats(field: str, *presets: str) -> str:
@@ -108,18 +121,19 @@ GPU_PEAK_FLOPS, GPU_UTILISATION, BYTES_PER_PARAM = 989e12, 0.30, 16
 
 
 def gpu_estimate(*names: str) -> str:
-    """Per preset, an estimate from its MACs: training FLOPs per target token (2 FLOPs per MAC, the
+    """Per preset (every row of presets.jsonl without names), an estimate from its MACs: training FLOPs per target token (2 FLOPs per MAC, the
     backward pass twice the forward, one 20 + 20-token pair's MACs over its 20 target tokens), the
     GPU-hours one billion target tokens take at ``GPU_UTILISATION`` of ``GPU_PEAK_FLOPS``, and the
     memory of the weights and Adam's state (activations, which ``--max-tokens`` sets, left out)."""
     by_name = {r["name"]: r for r in rows("presets")}
+    names = names or list(by_name)  # every row
     lines = ["| preset | params | training GFLOPs per target token | GPU-hours per 10⁹ target tokens "
              "(estimate) | weights + Adam state |", "|---|---|---|---|---|"]
     for name in names:
         r = by_name[name]
         flops = 2 * 3 * r["macs"] / 20
         hours = flops * 1e9 / (GPU_UTILISATION * GPU_PEAK_FLOPS) / 3600
-        lines.append(f"| `{name}` | {r['params'] / 1e6:.0f}M | {flops / 1e9:.2f} | {hours:.1f} | "
+        lines.append(f"| {PRESETS[name][2] or f'`{name}`'} | {r['params'] / 1e6:.0f}M | {flops / 1e9:.2f} | {hours:.1f} | "
                      f"{r['params'] * BYTES_PER_PARAM / 2 ** 30:.1f} GiB |")
     return "\n".join(lines)
 
@@ -130,18 +144,22 @@ def sizes(*names: str) -> str:
     lines = ["| preset | paper | ours | Δ | MACs (20+20) |", "|---|---|---|---|---|"]
     for name in names:
         r, label = by_name[name], PRESETS[name][2] or f"`{name}`"
+        if r["paper_params"] is None:
+            raise SystemExit(f"{name}: PRESETS gives no paper count to set it against")
         lines.append(f"| {label} | {r['paper_params']}M | {r['params'] / 1e6:.2f}M | "
                      f"{100 * (r['params'] / 1e6 / r['paper_params'] - 1):+.1f}% | {r['macs'] / 1e9:.2f}B |")
     return "\n".join(lines)
 
 
-WRITERS = {"bleu": bleu, "compare": compare, "claim": claim, "regime": regime, "stats": stats, "sizes": sizes,
+WRITERS = {"bleu": bleu, "gap": gap, "compare": compare, "claim": claim, "head_to_head": head_to_head, "stats": stats, "sizes": sizes,
            "gpu_estimate": gpu_estimate}
 
 
 def written(text: str) -> str:
     def figure(match):
         name, *args = shlex.split(match.group("args"))
+        if name not in WRITERS:
+            raise SystemExit(f"<!-- figure {match.group('args')} -->: no writer {name!r}; writers: {', '.join(WRITERS)}")
         body = WRITERS[name](*args)
         # a table stands on its own lines; an inline figure stays inside its sentence
         body = f"\n{body}\n" if "\n" in match.group("text") or "\n" in body else body

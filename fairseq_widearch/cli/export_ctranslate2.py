@@ -37,6 +37,7 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (registers the archs, allows loading the plugin's checkpoints)
 from fairseq_widearch.modules.slimmable import HEAD_DIM
+from . import require
 
 #: Why a plugin model is not a standard Transformer, by model class name.
 NO_CTRANSLATE2_LAYER = {
@@ -198,6 +199,7 @@ def main(argv=None):
                         "(default: the weights as they are, fp32)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     args = p.parse_args(argv)
+    require(args.checkpoint, args.data)
     print(export(args.checkpoint, args.data, args.out, args.quantization, args.force))
 
 

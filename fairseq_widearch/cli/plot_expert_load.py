@@ -27,6 +27,7 @@ import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading che
 from fairseq_widearch.cli.plotting import pyplot
 from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.modules.moe import TopKRouter
+from . import require
 
 
 def call_labels(name: str, stack, calls: int) -> List[str]:
@@ -84,6 +85,7 @@ def main(argv=None):
     p.add_argument("--inference-routing", action="store_true", help="route as at inference (eval capacity)")
     p.add_argument("--out", default="expert_load.png", help="PNG to write")
     args = p.parse_args(argv)
+    require(args.checkpoint, args.data)
     [model], _, task = checkpoint_utils.load_model_ensemble_and_task([args.checkpoint], arg_overrides={"data": args.data})
     routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
     if not routers:

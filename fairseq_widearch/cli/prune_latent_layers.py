@@ -27,6 +27,7 @@ import torch
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
 from fairseq_widearch.checkpoint_loading import save_derived_checkpoint
 from fairseq_widearch.modules.layer_select import undecided_warning
+from . import require
 
 STACKS = ("encoder", "decoder")
 
@@ -111,6 +112,7 @@ def main(argv=None):
     p.add_argument("--threshold", type=float, default=0.5, help="keep layers with q(z = 1) above this")
     p.add_argument("--lang-pair", default=None, help="multilingual models: the language pair (e.g. en-de) to prune for")
     args = p.parse_args(argv)
+    require(args.checkpoint)
     if not 0 < args.threshold < 1:
         sys.exit(f"error: --threshold must be in (0, 1), got {args.threshold}")
     kept = prune(args.checkpoint, args.out, args.threshold, args.lang_pair)

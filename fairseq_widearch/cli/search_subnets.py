@@ -34,6 +34,7 @@ from fairseq_widearch.experiments.counting import count_macs
 from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.experiments.scoring import load_scalable, validation_nll
 from fairseq_widearch.modules.sub_transformers import parse_widths, width_set
+from . import require
 
 
 def validation_bleu(model, task, samples: list, beam: int, lenpen: float) -> float:
@@ -75,6 +76,7 @@ def main(argv=None):
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--lenpen", type=float, default=0.6)
     args = p.parse_args(argv)
+    require(args.checkpoint, args.data)
 
     model, task = load_scalable(args.checkpoint, args.data)
     widest, widest_dims = model.widest_config()

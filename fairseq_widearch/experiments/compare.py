@@ -35,6 +35,7 @@ import json
 import re
 import shlex
 import statistics
+import time
 from functools import partial
 from pathlib import Path
 from typing import Dict
@@ -349,9 +350,12 @@ def main(argv=None):
     if set(systems) - set(speeds):
         peak = matmul_peak_flops()  # fp32, this CPU, in this process
         print(f"| fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s; training speed side by side", flush=True)
-        speeds = side_by_side_throughput({name: [*training_flags(name), *args.train_flags] for name in systems},
-                                         args.data, peak)
-        speed_file.write_text(json.dumps({**speeds, "matmul_peak_gflops": round(peak / 1e9, 1)}, indent=1))
+        measured = side_by_side_throughput({name: [*training_flags(name), *args.train_flags] for name in systems},
+                                           args.data, peak)
+        # the systems measured now replace theirs; the file's others stay, each with its own peak and date
+        speeds = {**speeds, **{name: {**speed, "matmul_peak_gflops": round(peak / 1e9, 1),
+                                      "measured": time.strftime("%Y-%m-%d")} for name, speed in measured.items()}}
+        speed_file.write_text(json.dumps(speeds, indent=1))
     summary = summarise([r for r in rows if r["system"].split(" ")[0] in systems], speeds)
     print(table(summary))
     print(f"BLEU signature: {rows[0]['bleu_signature']}")
