@@ -68,18 +68,43 @@ def bleu(name: str, *conditions) -> str:
     return bleu_summary([r["bleu"] for r in found])
 
 
-def gap(*args: str) -> str:
-    """``+d (s)``: the mean BLEU of the rows ``FILE key=value...`` minus that of the rows after ``vs``
-    (``FILE key=value...``), and the sum of the two seed spreads (a gap counts where it exceeds it)."""
+def signed(x: float) -> str:
+    return f"{x:+.2f}".replace("-", "−")
+
+
+def two_sides(args) -> list:
+    """The BLEU scores by seed of the rows ``FILE key=value...`` before ``vs`` and of those after it."""
     split = args.index("vs")
     sides = []
     for name, *conditions in (args[:split], args[split + 1:]):
-        scores = [r["bleu"] for r in selected(name, conditions)]
+        scores = {r["seed"]: r["bleu"] for r in selected(name, conditions)}
         if len(scores) < 2:
             raise SystemExit(f"{name}.jsonl: {len(scores)} rows with {' '.join(conditions)}; a spread needs two")
-        sides.append((statistics.mean(scores), statistics.stdev(scores)))
-    (a, sd_a), (b, sd_b) = sides
-    return f"{a - b:+.2f} ({sd_a + sd_b:.2f})"
+        sides.append(scores)
+    return sides
+
+
+def gap(*args: str) -> str:
+    """``+d (s)``: the mean BLEU of the rows ``FILE key=value...`` minus that of the rows after ``vs``
+    (``FILE key=value...``), and the sum of the two seed spreads (a gap counts where it exceeds it)."""
+    a, b = (list(side.values()) for side in two_sides(args))
+    return f"{signed(statistics.mean(a) - statistics.mean(b))} ({statistics.stdev(a) + statistics.stdev(b):.2f})"
+
+
+def seed_gaps(*args: str) -> str:
+    """``+d: +d1, +d2``: as ``gap``, the mean difference, then the difference at each seed both hold."""
+    a, b = two_sides(args)
+    seeds = sorted(a.keys() & b.keys())
+    mean = statistics.mean(a.values()) - statistics.mean(b.values())
+    return f"{signed(mean)}: " + ", ".join(signed(a[s] - b[s]) for s in seeds)
+
+
+def value(name: str, *keys: str) -> str:
+    """One value of the JSON file docs/data/``name``, at ``keys``."""
+    found = json.loads((DATA / name).read_text())
+    for key in keys:
+        found = found[key]
+    return str(found)
 
 
 def compare() -> str:
@@ -93,6 +118,18 @@ def claim(name: str) -> str:
     """One claim's table as the claims study prints it (docs/claims.md)."""
     from fairseq_widearch.experiments import study
     return study.table(rows("claims"), study.CLAIMS[name])
+
+
+def gpu_report(name: str) -> str:
+    """The speed figures of a GPU check's report (docs/data/``name``), each as the check summarises it."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+    report = json.loads((DATA / name).read_text())
+    report = report.get("speed_part", report)  # a report of both parts holds the speed part apart
+    lines = ["| figure | result |", "|---|---|"]
+    lines += [f"| {label} | {gpu_check.speed_summary(res['json'])} |"
+              for label, res in report["steps"]["speed"].items() if res.get("json")]
+    return "\n".join(lines)
 
 
 def head_to_head() -> str:
@@ -151,7 +188,7 @@ def sizes(*names: str) -> str:
     return "\n".join(lines)
 
 
-WRITERS = {"bleu": bleu, "gap": gap, "compare": compare, "claim": claim, "head_to_head": head_to_head, "stats": stats, "sizes": sizes,
+WRITERS = {"bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "compare": compare, "claim": claim, "head_to_head": head_to_head, "gpu_report": gpu_report, "stats": stats, "sizes": sizes,
            "gpu_estimate": gpu_estimate}
 
 
