@@ -20,21 +20,22 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "tier_order(key): where the CUDA tier's test is collected (tests/cuda)")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+#: The files whose tests take longest (minutes on 2 cores), started first; the order changes nothing else.
+LONGEST = ("test_claims_study.py", "test_gpu_check.py", "test_latent_depth_head_to_head.py", "test_flows.py",
+           "test_lost_worker.py", "test_deploy.py", "test_latent_depth_regime.py")
+
+
 def pytest_collection_modifyitems(items):
-    """The tests of a file with fixtures of its own built once per file (module scope) in one xdist
-    group, so that under ``--dist loadgroup`` (tests/run.sh) one worker builds them; every other test
-    goes to whichever worker is free. Files with processes (e2e) first, then those with more slow
-    tests, so that the longest tests start first and the fast ones fill the workers' last minutes;
-    then the CUDA tier's
-    tests in the order of their ``tier_order`` keys, in the places they hold among the collected tests
-    (tests/cuda/test_cuda.py, ARCH_ORDER: the order its workers take them)."""
+    """The longest test files first, then the other files with processes (e2e), then those with more
+    slow tests, so that under ``--dist loadfile`` (tests/run.sh) the long files start first and the
+    fast ones fill the workers' last minutes; then the CUDA tier's tests in the order of their
+    ``tier_order`` keys, in the places they hold among the collected tests (tests/cuda/test_cuda.py,
+    ARCH_ORDER: the order its workers take them)."""
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     processes = {item.path for item in items if item.get_closest_marker("e2e")}
-    items.sort(key=lambda item: (item.path not in processes, -slow[item.path]))  # stable: a file's order kept
-    for item in items:
-        if any(d.scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(LONGEST)), item.path not in processes,
+                                 -slow[item.path]))  # stable: a file's order kept
     slots = [i for i, item in enumerate(items) if item.get_closest_marker("tier_order")]
     ranked = sorted((items[i] for i in slots), key=lambda item: item.get_closest_marker("tier_order").args[0])
     for i, item in zip(slots, ranked):

@@ -230,22 +230,22 @@ def test_the_multilingual_block_prepares_three_pairs_trains_and_decodes(multi30k
 @pytest.mark.e2e
 def test_the_averaging_block_averages_the_checkpoints_its_comment_asks_for(after_readme):
     """Its prerequisite, as its comments state it: a training that keeps 10 interval checkpoints and
-    its last 5 epoch checkpoints in ``checkpoints/run`` (the multi-path Usage block's, 6 updates of 2
-    epochs each: interval checkpoints at updates 1, 3 and 5); the block averages 3 of each."""
+    its last 5 epoch checkpoints in ``checkpoints/run`` (the multi-path Usage block's, 4 updates, 2 an
+    epoch: interval checkpoints at updates 1 and 3); the block averages 2 of each."""
     training = usage_block("multipath_transformer").split("fairseq-generate")[0]
-    training = re.sub(r"--max-update \d+", "--max-update 6", training).replace("--no-epoch-checkpoints", "")
+    training = re.sub(r"--max-update \d+", "--max-update 4", training).replace("--no-epoch-checkpoints", "")
     training = training.replace("--save-dir checkpoints/multipath", "--save-dir checkpoints/run --save-interval-updates 1 "
                                 "--keep-interval-updates 10 --keep-last-epochs 5")
-    averaging = re.sub(r"--num-(update|epoch)-checkpoints \d+", r"--num-\1-checkpoints 3",
+    averaging = re.sub(r"--num-(update|epoch)-checkpoints \d+", r"--num-\1-checkpoints 2",
                        block("docs/usage.md", "--num-update-checkpoints"))
     bash(training + averaging, after_readme)
-    # the block's last line wins: the mean of the last 3 epoch checkpoints, parameter by parameter
+    # the block's last line wins: the mean of the last 2 epoch checkpoints, parameter by parameter
     run = after_readme / "checkpoints" / "run"
-    epochs = [torch.load(run / f"checkpoint{e}.pt", weights_only=False)["model"] for e in (1, 2, 3)]
+    epochs = [torch.load(run / f"checkpoint{e}.pt", weights_only=False)["model"] for e in (1, 2)]
     averaged = torch.load(after_readme / "avg.pt", weights_only=False)["model"]
     assert averaged.keys() == epochs[0].keys() and "optimizer_history" not in averaged
     for name, value in averaged.items():
-        torch.testing.assert_close(value, sum(e[name].double() for e in epochs).div(3).to(value.dtype))
+        torch.testing.assert_close(value, sum(e[name].double() for e in epochs).div(2).to(value.dtype))
 
 
 @pytest.mark.slow

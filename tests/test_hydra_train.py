@@ -25,7 +25,7 @@ def hydra_train(data, save, preset, *overrides):
     trained_by = "scalable_self_distillation" if scalable else criterion(preset.removesuffix("_multi30k"))
     fairseq("hydra-train", "--config-dir", REPO / "examples" / "hydra", "--config-name", "multi30k",
             f"task.data={data}", f"model._name={preset}", *task, f"criterion._name={trained_by}", *overrides,
-            "optimization.max_update=2", "common.cpu=true", f"checkpoint.save_dir={save}",
+            "optimization.max_update=2", "dataset.disable_validation=true", "common.cpu=true", f"checkpoint.save_dir={save}",
             f"hydra.run.dir={save / 'hydra'}")
     return torch.load(save / "checkpoint_last.pt", weights_only=False)
 
