@@ -107,6 +107,26 @@ def value(name: str, *keys: str) -> str:
     return str(found)
 
 
+def seed_span(name: str, *conditions: str) -> str:
+    """How far apart the selected rows' BLEU scores lie (highest minus lowest), e.g. one system's seeds."""
+    scores = [r["bleu"] for r in selected(name, conditions)]
+    return f"{max(scores) - min(scores):.2f}"
+
+
+def mean(name: str, field: str, *conditions: str) -> str:
+    """The mean of ``field`` over the selected rows, to 3 decimals (a validation loss)."""
+    return f"{statistics.mean(r[field] for r in selected(name, conditions)):.3f}"
+
+
+def speed(system: str, figure: str) -> str:
+    """The comparison's side-by-side speed of ``system`` (compare_throughput.json): ``ratio``, its
+    training tokens/s over the Transformer's (``1.03x``), or ``utilisation`` (``25.5 %``)."""
+    speeds = json.loads((DATA / "compare_throughput.json").read_text())
+    if figure == "ratio":
+        return f"{speeds[system]['train_tokens_per_s'] / speeds['transformer']['train_tokens_per_s']:.2f}x"
+    return f"{100 * speeds[system]['utilisation']:.1f} %"
+
+
 def compare() -> str:
     """The comparison's table (docs/results.md): its 12 runs and the speeds measured side by side."""
     from fairseq_widearch.experiments import compare as c
@@ -188,7 +208,8 @@ def sizes(*names: str) -> str:
     return "\n".join(lines)
 
 
-WRITERS = {"bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "compare": compare, "claim": claim, "head_to_head": head_to_head, "gpu_report": gpu_report, "stats": stats, "sizes": sizes,
+WRITERS = {"bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "speed": speed, "seed_span": seed_span,
+           "mean": mean, "compare": compare, "claim": claim, "head_to_head": head_to_head, "gpu_report": gpu_report, "stats": stats, "sizes": sizes,
            "gpu_estimate": gpu_estimate}
 
 
