@@ -20,12 +20,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "tier_order(key): where the CUDA tier's test is collected (tests/cuda)")
 
 
-#: The files whose tests take longest (minutes on 2 cores), first. pytest-xdist hands each of 2 workers
-#: every other file of the first ones at once, so they alternate here: about 530 s (claims, lost
-#: worker, head-to-head) against 520 s (flows, deploy, GPU check) on 2 cores. The order changes
-#: nothing else.
-LONGEST = ("test_claims_study.py", "test_flows.py", "test_lost_worker.py", "test_deploy.py",
-           "test_latent_depth_head_to_head.py", "test_gpu_check.py", "test_latent_depth_regime.py")
+#: The files whose tests take longest on 2 cores, longest first: under ``--dist loadfile
+#: --no-loadscope-reorder`` (tests/run.sh) each worker takes the next file when it is nearly done, so
+#: the long files start first and the short ones fill the end. The order changes nothing else.
+LONGEST = ("test_flows.py", "test_claims_study.py", "test_deploy.py", "test_latent_depth_head_to_head.py",
+           "test_lost_worker.py", "test_latent_depth_regime.py", "test_gpu_check.py")
 
 
 def pytest_collection_modifyitems(items):
