@@ -123,7 +123,7 @@ def steps(args) -> list:
             "-p", "no:cacheprovider", "--junitxml", Path(args.out) / "tier.xml",
             *([] if dry else ["-n", "16", "--dist", "loadgroup", *keep_order()])]
     two = [BENCH / "two_ranks.py", "--data", data / "bin", "--device", "cpu" if dry else "cuda",
-           "--precision", "bf16" if dry else "fp16", "--updates", "4" if dry else "24",
+           "--precision", "bf16" if dry else "fp16", "--updates", "2" if dry else "24",
            *(["--archs", "multipath_transformer_tiny"] if dry else [])]  # tests/test_two_ranks.py: every preset
     profile = [BENCH / "profile_steps.py", *(
         ["--device", "cpu", "--dtype", "bf16", "--cases", "moe,train", "--systems", "widenet_tiny", "--vocab", "500",

@@ -191,25 +191,25 @@ def test_readmes_own_data_block_prepares_trains_decodes_and_scores(prepared):
 @pytest.mark.e2e
 def test_each_usage_block_trains_decodes_and_scores(after_readme, arch):
     """The scalable model's stage-3 block continues its Usage block (its ``TRAIN`` array, stage 2's
-    checkpoint), so the two run as one."""
-    then = block(f"docs/{arch}.md", "--distill-stage 3") if arch == "scalable_transformer" else ""
+    checkpoint), so the two run as one; deploy.md's blocks continue the latent-depth one (its
+    checkpoint), then convert and translate."""
+    then = {"scalable_transformer": block("docs/scalable_transformer.md", "--distill-stage 3"),
+            "latent_depth_transformer": block("docs/deploy.md", "prune_latent_layers")}.get(arch, "")
     scores = bleu_scores(bash(as_test(usage_block(arch) + then), after_readme))
     assert len(scores) == (3 if arch == "scalable_transformer" else 1)  # one per width of the scalable model
     hyps = sorted(after_readme.glob("hyp*.de"))
     assert len(hyps) == len(scores) and all(len(h.read_text().splitlines()) == SLICE["test"] for h in hyps)
-    if then:
+    if arch == "scalable_transformer":
         assert (after_readme / "checkpoints" / "scalable" / "stage3" / "checkpoint_last.pt").exists()
+    if arch == "latent_depth_transformer":  # deploy.md's Python block translates raw text with its model
+        deployed_translates(after_readme)
 
 
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_deploys_block_prunes_and_converts_the_latent_depth_usage_blocks_model(after_readme):
-    """Then its Python block translates a sentence of raw text with the converted model."""
-    bash(as_test(usage_block("latent_depth_transformer") + block("docs/deploy.md", "prune_latent_layers")),
-         after_readme)
+def deployed_translates(work):
+    assert (work / "ct2_model" / "model.bin").exists()
     python = re.findall(r"^```python\n(.*?)^```", (REPO / "docs" / "deploy.md").read_text(), re.M | re.S)
     assert len(python) == 1
-    translated = subprocess.run([sys.executable, "-c", python[0]], cwd=after_readme, capture_output=True, text=True,
+    translated = subprocess.run([sys.executable, "-c", python[0]], cwd=work, capture_output=True, text=True,
                                 timeout=300)
     assert translated.returncode == 0 and translated.stdout.strip(), translated.stderr[-2000:]
 

@@ -142,10 +142,10 @@ def test_minutes_must_be_a_positive_number(minutes, tmp_path):
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_extra_flags_reach_fairseq_train_and_sacrebleu_ends_the_output(multi30k_dir, tmp_path):
-    """``-- FLAGS`` as README shows it, on a small copy of Multi30k (1,000 training, 24 test lines)."""
+    """``-- FLAGS`` as README shows it, on a small copy of Multi30k (200 training, 24 test lines)."""
     data = tmp_path / "data"
     data.mkdir()
-    for split, lines in (("train", 1000), ("val", 24), ("test_2016_flickr", 24)):
+    for split, lines in (("train", 200), ("val", 24), ("test_2016_flickr", 24)):
         for lang in ("en", "de"):
             head = (multi30k_dir / f"{split}.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)[:lines]
             (data / f"{split}.{lang}").write_text("".join(head), encoding="utf-8")
