@@ -145,7 +145,7 @@ def train_scalable(args, system: System, run: Path, seed: int) -> dict:
         start = time.perf_counter()
         subprocess.run([sys.executable, EXAMPLES / "scalable_transformer" / "distillation_targets.py",
                         "--data", args.data, "--checkpoint", save2 / "checkpoint_last.pt", "--out", distilled,
-                        "--device", args.device],
+                        "--device", args.device, "--max-len", str(args.max_len_b)],
                        check=True, capture_output=True)
         timing.write_text(json.dumps({"seconds": round(time.perf_counter() - start, 1)}))
     stage3 = fairseq_train(args, distilled, system.flags, save3, seed, "--distill-stage", "3",
@@ -391,7 +391,8 @@ def main(argv=None, claims: Dict[str, Claim] = CLAIMS):
     p.add_argument("--max-epoch", type=int, default=40)
     p.add_argument("--patience", type=int, default=3, help="epochs without a better validation loss before stopping")
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--max-len-b", type=int, default=200, help="longest output in tokens (fairseq's default 200)")
+    p.add_argument("--max-len-b", type=int, default=200, help="longest output in tokens of every decoding (fairseq's default 200); "
+                   "the stage-3 targets drop pairs with a longer side (distillation_targets.py --max-len)")
     p.add_argument("--results", type=Path, help="the results file, one row per run (default WORK/results.jsonl)")
     p.add_argument("--figures", type=Path, help="directory of the claim_<name>.png figures (default WORK)")
     p.add_argument("--progress", action="store_true",
