@@ -20,7 +20,7 @@ form left passes the finished logits (+ A^G + masks) as SDPA's additive bias ove
 keys. Timed against the explicit softmax the module runs (forward + backward, attention dropout
 0.1, the ``partialformer_multi30k`` decoder's H = 8 heads of d_k = 32; ratio = fused / explicit).
 
-``kernels`` (PartialFormer systems): the whole training step with each ``--partial-attention-kernel``
+``kernels`` (PartialFormer systems): the whole training step with each ``PARTIALFORMER_ATTENTION_KERNEL``
 (the same model, its attentions switched, alternating rounds in one process; ``auto`` is the
 default), in ms and as a ratio to ``auto``: the side-by-side measurement that the utilisation
 step's ratios, each against a twin timed apart, could not give (docs/records/gpu_runs.md, 2026-11-27).

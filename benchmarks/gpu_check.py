@@ -7,10 +7,9 @@ each step under its own time limit so that a stuck step cannot eat the others,
   b. ``two_ranks``: fairseq's distributed trainer, 2 gloo ranks on the one GPU in fp16, every
      ``_tiny`` preset, against one rank with ``--update-freq 2`` (benchmarks/two_ranks.py);
   c. ``profile``: benchmarks/profile_steps.py on the MoE layer;
-  d. ``speed``: the speed figures of docs/gpu.md (:func:`speed_commands`): the MoE layer with every
-     candidate against its dense share, WideNet's utilisation with every candidate against its
-     stock twin, PartialFormer's attention kernels side by side (fused_attention.py) and its
-     decoding.
+  d. ``speed``: the speed figures of docs/gpu.md (:func:`speed_commands`): the MoE layer against
+     its dense share, WideNet's utilisation against its stock twin, PartialFormer's attention
+     kernels side by side (fused_attention.py) and its decoding.
 
 It runs in two parts: ``--part correctness`` (a, b: about 400 s on an H100) and ``--part speed``
 (c, d: at most 300 s); ``--part all`` runs both. Writes OUT/report.json (everything, after every step), OUT/report.md (tables docs/gpu.md
@@ -38,46 +37,25 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 PY = sys.executable
 
-#: Every candidate of WideNet's MoE layer beside today's default (``padded``, counted slots), as
-#: ``moe_throughput.py --dispatch`` takes them (``dispatch[:slots]``) and as a WideNet system; the
-#: compiled region (``+compile``) is timed apart, its compilation in its own limit.
-MOE_CANDIDATES = ("padded", "index", "permute", "grouped", "padded:sort", "grouped:sort")
-MOE_COMPILED = ("padded", "padded+compile", "padded:sort+compile")
 WIDENET = "widenet_wmt_en_de"
-WIDENET_CANDIDATES = tuple(
-    f"{WIDENET}:--moe-dispatch={dispatch}" + (f",--moe-slots={slots[0]}" if slots else "")
-    for dispatch, *slots in (c.split(":") for c in MOE_CANDIDATES[1:]))
 #: PartialFormer's attention kernels beside its default (``auto``).
 PARTIALFORMER = "partialformer_24_6_d360_h30_16"
-#: The speed part's commands with their limits add up to 260 s: with the MoE profile's 40 s, within
+#: The speed part's commands with their limits add up to 215 s: with the MoE profile's 40 s, within
 #: one 300-second command after the correctness part.
-SPEED_SECONDS = 260
+SPEED_SECONDS = 215
 
 
 def speed_commands(dry: bool) -> list:
     """(name, seconds allowed, argv) of every speed figure, most wanted first: the MoE layer against
-    its dense share with every candidate (8,192 and 16,384 tokens, fp16 and bf16; grouped runs its
-    own code in bf16, and in fp16 is timed as torch's fallback; the compiled region apart, its
-    compilation in its warm-up),
-    WideNet's utilisation in bf16 against its stock twin with every candidate, PartialFormer's three attention kernels in one model, its decoding per
-    MAC."""
-    moe = ["--dispatch", ",".join(MOE_CANDIDATES)]
-    # grouped runs padded outside bf16 (modules/moe.py, fast_grouped_mm): in fp16 its own code is
-    # timed as torch's fallback (+fallback), the loop over the experts the layer avoids
-    fallback = [f"{c}+fallback" for c in MOE_CANDIDATES if c.startswith("grouped")]
-    moe_fp16 = ["--dispatch", ",".join(f"{c}+fallback" if c.startswith("grouped") else c for c in MOE_CANDIDATES)]
+    its dense share (8,192 and 16,384 tokens, fp16 and bf16), WideNet's utilisation in bf16 against
+    its stock twin, PartialFormer's three attention kernels in one model, its decoding per MAC."""
     if dry:
         dev = ["--device", "cpu", "--dtype", "bf16"]
         return [("moe bf16 256 tokens", 120, [BENCH / "moe_throughput.py", *dev, "--tokens", "256", "--dim", "32",
-                                              "--ffn", "64", "--rounds", "1", "--repeats", "1", "--child",
-                                              "--dispatch", ",".join([*MOE_CANDIDATES, *fallback])]),
-                ("moe compiled bf16 256 tokens", 200,
-                 [BENCH / "moe_throughput.py", *dev, "--tokens", "256", "--dim", "32", "--ffn", "64", "--rounds", "1",
-                  "--repeats", "1", "--child", "--dispatch", "padded,padded+compile", "--compile-backend", "aot_eager"]),
+                                              "--ffn", "64", "--rounds", "1", "--repeats", "1", "--child"]),
                 ("widenet utilisation bf16 batch 4", 200,
-                 [BENCH / "training_utilisation.py", *dev, "--systems",
-                  ";".join(["widenet_tiny", *(c.replace(WIDENET, "widenet_tiny") for c in WIDENET_CANDIDATES)]),
-                  "--vocab", "500", "--batch-size", "4", "--steps", "1", "--rounds", "1"]),
+                 [BENCH / "training_utilisation.py", *dev, "--systems", "widenet_tiny", "--vocab", "500",
+                  "--batch-size", "4", "--steps", "1", "--rounds", "1"]),
                 ("fused attention bf16", 120,
                  [BENCH / "fused_attention.py", *dev, "--systems", "partialformer_tiny", "--vocab", "500",
                   "--batch-size", "2", "--steps", "1", "--rounds", "1"]),
@@ -86,16 +64,12 @@ def speed_commands(dry: bool) -> list:
                   "--rounds", "1", "--src-len", "4", "--tgt-len", "4"])]
     commands = [(f"moe {dtype} {tokens} tokens", 20,
                  [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", dtype, "--tokens", tokens,
-                  "--dim", "768", "--ffn", "3072", *(moe if dtype == "bf16" else moe_fp16)])
+                  "--dim", "768", "--ffn", "3072"])
                 for tokens in (8192, 16384) for dtype in ("fp16", "bf16")]
-    commands.append(("moe compiled fp16 8192 tokens", 45,
-                     [BENCH / "moe_throughput.py", "--device", "cuda", "--dtype", "fp16", "--tokens", 8192,
-                      "--dim", "768", "--ffn", "3072", "--dispatch", ",".join(MOE_COMPILED)]))
     # 6 steps x 3 rounds per side: 3 x 2 gave ratios that moved by up to 0.4 between two runs
-    # in bf16, the one dtype in which every candidate (grouped too) runs its own code
     commands.append(("widenet utilisation bf16 batch 544", 60,  # 544 x 30 = 16,320 tokens
                      [BENCH / "training_utilisation.py", "--device", "cuda", "--dtype", "bf16", "--batch-size", 544,
-                      "--steps", "6", "--rounds", "3", "--systems", ";".join([WIDENET, *WIDENET_CANDIDATES])]))
+                      "--steps", "6", "--rounds", "3", "--systems", WIDENET]))
     # PartialFormer's three attention kernels side by side, the causal kernel, logits as SDPA's bias
     commands.append(("fused attention fp16", 50,
                      [BENCH / "fused_attention.py", "--device", "cuda", "--dtype", "fp16", "--batch-size", "128",
@@ -262,9 +236,12 @@ def markdown(report: dict) -> str:
 
 
 def speed_summary(res: dict) -> str:
-    if "candidates" in res:
+    if "candidates" in res:  # the committed reports of when the MoE layer had several ways to move tokens
         return (f"dense FFN {res['dense_ms']} ms; MoE / K·C dense: " +
                 ", ".join(f"{d} {c['ratio']} ({c['ms']} ms)" for d, c in res["candidates"].items()) + " (target <= 1.15)")
+    if "moe_ms" in res:  # moe_throughput.py
+        return (f"MoE {res['moe_ms']} ms, dense FFN {res['dense_ms']} ms; MoE / K·C dense {res['ratio']} "
+                "(target <= 1.15)")
     systems = {k: v for k, v in res.items() if isinstance(v, dict) and "ratio" in v}
     if "partialformer_logits_as_bias" in systems:  # fused_attention.py: each ratio within one model, alternating rounds
         bias = systems.pop("partialformer_logits_as_bias")

@@ -10,9 +10,7 @@ training visits every width), the others one. After ``--warmup`` steps,
 are counted over ``--steps`` steps, attributed to the Python line that made them, and divided by
 the passes. Then the same at inference, per decoding step: the model in eval mode, the encoder
 once and the decoder position by position with its incremental state, as fairseq-generate calls
-them. WideNet is counted with each of its dispatches, and with its MoE layers' calls per pass and
-per decoding step; ``widenet grouped+fallback`` (not in the default list) runs grouped's own code
-where the layer would run ``padded``, so that torch's fallback grouped product shows its waits.
+them. WideNet is counted with its MoE layers' calls per pass and per decoding step.
 
 ``--dtype fp16|bf16`` casts the model, as ``--fp16``/``--bf16`` do for the forward and backward
 passes; fairseq then steps fp32 master copies (its optimizer's syncs, not the model's), so a half
@@ -20,28 +18,26 @@ model is not stepped here. With ``--autocast`` the parameters stay fp32, are ste
 forward passes run under autocast in that dtype, as fairseq's train_step runs them (its ``--amp``
 is fp16 autocast). The last line is one JSON
 object: per system, syncs per training pass and per decoding step, the ``file:line code`` sites
-(the innermost Python line, possibly torch's own) with their syncs per pass or step, MoE calls and
-``F.grouped_mm`` calls per pass and per step (whether grouped ran its own code), the dtypes its
-parameters and its MoE layers' products had, and whether it was stepped.
+(the innermost Python line, possibly torch's own) with their syncs per pass or step, MoE calls per
+pass and per step, the dtypes its parameters and its MoE layers' products had, and whether it was
+stepped.
 
     python benchmarks/host_syncs.py [--batch-size 32] [--src-len 30] [--tgt-len 30] [--steps 3]
         [--dtype fp32|fp16|bf16] [--autocast]
-    python benchmarks/host_syncs.py --systems "widenet,widenet permute,widenet grouped" --dtype bf16
+    python benchmarks/host_syncs.py --systems widenet,transformer --dtype bf16 --autocast
 """
 import argparse
 import json
 import linecache
 import warnings
 from collections import Counter
-from contextlib import nullcontext
-from unittest import mock
 
 import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import MoELayer
-from on_device import DTYPES, grouped_everywhere, training_loss
+from on_device import DTYPES, training_loss
 
 PAD = 1  # fairseq's padding index
 SYSTEMS = {
@@ -55,13 +51,7 @@ SYSTEMS = {
     "latent_depth_transformer": ("latent_depth_transformer_multi30k", ["--decoder-layers", "12",
                                                                         "--latent-soft-updates", "0"]),
     "partialformer": ("partialformer_multi30k", []),
-    # WideNet's other dispatches (grouped runs its own code in bf16 on a Hopper GPU alone, else padded's)
-    **{f"widenet {dispatch}": ("widenet_multi30k", ["--moe-dispatch", dispatch])
-       for dispatch in ("index", "permute", "grouped")},
-    "widenet grouped+fallback": ("widenet_multi30k", ["--moe-dispatch", "grouped"]),
 }
-#: Systems that run grouped's own code whatever the device and dtype.
-FORCED = {"widenet grouped+fallback"}
 
 
 def step(model, batch, widths, amp):
@@ -89,15 +79,10 @@ def product_dtype(x: torch.Tensor) -> str:
 
 def synchronisations(model, run, passes: int) -> dict:
     """``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` (on CUDA), per pass: ``syncs``,
-    ``sites`` ({"file:line code": syncs}), the model's ``moe_calls`` and ``grouped_mm_calls``, and
-    the ``dtypes`` of the MoE products."""
+    ``sites`` ({"file:line code": syncs}), the model's ``moe_calls`` and the ``dtypes`` of the MoE
+    products."""
     cuda = next(model.parameters()).is_cuda
     calls, dtypes = Counter(), set()
-    grouped_mm = torch.nn.functional.grouped_mm
-
-    def counted_grouped_mm(*args, **kwargs):
-        calls.update(["grouped_mm"])
-        return grouped_mm(*args, **kwargs)
 
     def seen(module, inputs):
         calls.update(["moe"])
@@ -105,8 +90,7 @@ def synchronisations(model, run, passes: int) -> dict:
     hooks = [m.register_forward_pre_hook(seen) for m in model.modules() if isinstance(m, MoELayer)]
     if cuda:
         torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught, \
-            mock.patch.object(torch.nn.functional, "grouped_mm", counted_grouped_mm):
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if cuda:
             torch.cuda.set_sync_debug_mode("warn")
@@ -120,8 +104,7 @@ def synchronisations(model, run, passes: int) -> dict:
     # torch's warning at each sync (not the debug mode's one-time notice at its switch)
     where = Counter(site(w) for w in caught if "called a synchronizing CUDA operation" in str(w.message))
     return {"syncs": sum(where.values()) / passes, "sites": {k: v / passes for k, v in where.most_common()},
-            "moe_calls": calls["moe"] / passes, "grouped_mm_calls": calls["grouped_mm"] / passes,
-            "dtypes": sorted(dtypes)}
+            "moe_calls": calls["moe"] / passes, "dtypes": sorted(dtypes)}
 
 
 def decode(model, batch, steps: int, amp):
@@ -134,7 +117,7 @@ def decode(model, batch, steps: int, amp):
             model.decoder(prev[:, :t], encoder_out=encoder_out, incremental_state=state)
 
 
-def count(arch, argv, args, forced: bool = False) -> dict:
+def count(arch, argv, args) -> dict:
     """One system's counts: ``training`` (per pass) and ``inference`` (per decoding step), each as
     ``synchronisations`` gives them, its ``parameters``' dtypes and whether it was ``stepped``."""
     torch.manual_seed(0)
@@ -161,21 +144,20 @@ def count(arch, argv, args, forced: bool = False) -> dict:
             optimizer.step()
         model.zero_grad(set_to_none=True)
 
-    with grouped_everywhere() if forced else nullcontext():
-        for _ in range(args.warmup):
-            update()
-        training = synchronisations(model, lambda: [update() for _ in range(args.steps)],
-                                    args.steps * max(len(widths), 1))
-        model.eval()
-        decode(model, batch, 2, amp)  # warm-up
-        inference = synchronisations(model, lambda: decode(model, batch, args.tgt_len, amp), args.tgt_len)
+    for _ in range(args.warmup):
+        update()
+    training = synchronisations(model, lambda: [update() for _ in range(args.steps)],
+                                args.steps * max(len(widths), 1))
+    model.eval()
+    decode(model, batch, 2, amp)  # warm-up
+    inference = synchronisations(model, lambda: decode(model, batch, args.tgt_len, amp), args.tgt_len)
     return {"training": training, "inference": inference, "stepped": optimizer is not None,
             "parameters": sorted({str(p.dtype) for p in model.parameters()})}
 
 
 def parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", default=",".join(name for name in SYSTEMS if name not in FORCED))
+    p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--src-len", type=int, default=30)
@@ -199,7 +181,7 @@ def main(argv=None):
     counted = {}
     for name in args.systems.split(","):
         arch, flags = SYSTEMS[name]
-        counted[name] = c = count(arch, flags, args, forced=name in FORCED)
+        counted[name] = c = count(arch, flags, args)
         training, inference = c["training"], c["inference"]
         print(f"{name:26s} {training['syncs']:6.1f} syncs per training pass, {inference['syncs']:6.1f} per decoding "
               "step  " + "\n    ".join(f"x{v:g}  {k}" for k, v in {**training["sites"], **inference["sites"]}.items()))
@@ -211,8 +193,6 @@ def main(argv=None):
                       "syncs_per_decoding_step": per_system("inference", "syncs"),
                       "decoding_sites": per_system("inference", "sites"),
                       "moe_calls_per_decoding_step": per_system("inference", "moe_calls"),
-                      "grouped_mm_calls_per_pass": per_system("training", "grouped_mm_calls"),
-                      "grouped_mm_calls_per_decoding_step": per_system("inference", "grouped_mm_calls"),
                       "moe_product_dtypes": {name: sorted({*c["training"]["dtypes"], *c["inference"]["dtypes"]})
                                              for name, c in counted.items()},
                       "parameter_dtypes": {name: c["parameters"] for name, c in counted.items()},

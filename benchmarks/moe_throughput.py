@@ -6,12 +6,8 @@ With capacity factor C, the E experts process up to K·C·N token slots for N to
 FFNs over the N tokens are the ideal cost; routing, dispatch and combine are the overhead. Both
 run in one process, alternating, on the same input. The last line is one JSON object with the
 figures and ``ratio`` = MoE time / (K·C × dense time); target <= 1.15 (>= 85% of the ideal).
-Every candidate of ``--dispatch`` (``dispatch[:slots][+compile|+fallback]``: ``MoELayer``'s dispatch,
-the router's slot numbering and the compiled region, the same weights; ``grouped+fallback``: grouped's
-own code where the layer would run ``padded``, so timing torch's slow grouped product, its loop over
-the experts) runs in the same rounds; ``moe_ms`` and ``ratio`` are the
-first's, ``candidates`` has each one's. The layer gets a
-padding mask, as in a model (all False: a batch without padding, so that the ideal stays K·C dense FFNs).
+The layer gets a padding mask, as in a model (all False: a batch without padding, so that the
+ideal stays K·C dense FFNs).
 It runs twice, in fresh processes (``malloc_modes.py``): with glibc's default malloc
 (``ratio_default_malloc``) and with freed memory reused (``ratio``); the MoE layer's expert
 buffers (E x B x d_ffn, 40 MB here) exceed glibc's 32 MB mmap ceiling, the dense FFN's do not.
@@ -32,7 +28,6 @@ import torch.nn.functional as F
 
 from fairseq_widearch.experiments.counting import alternating_rounds
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
-from fairseq_widearch.modules import moe as moe_module
 from malloc_modes import both_modes
 from on_device import add_arguments, check, clock, describe, to
 
@@ -40,32 +35,6 @@ from on_device import add_arguments, check, clock, describe, to
 def fwd_bwd(fn, x, repeats):
     for _ in range(repeats):
         fn(x).float().sum().backward()
-
-
-class GroupedAnywhere(MoELayer):
-    """``grouped`` running its own code whatever the device and dtype (torch's grouped product, its
-    fallback loop where it has no fast kernel), where ``MoELayer`` would run ``padded``."""
-
-    def move(self, tokens, routing):
-        return self.grouped(tokens, routing)
-
-
-def candidate(spec: str, router: TopKRouter, experts: Experts) -> MoELayer:
-    """The MoE layer of ``spec`` (``dispatch[:slots][+compile|+fallback]``) with ``router``'s and
-    ``experts``' weights; ``+compile``: routing, dispatch, experts and combine compiled as one region
-    (its compilation happens in the warm-up, outside the timed rounds); ``grouped+fallback``:
-    ``GroupedAnywhere``."""
-    spec, fallback, _ = spec.partition("+fallback")
-    spec, plus, _ = spec.partition("+compile")
-    dispatch, _, slots = spec.partition(":")
-    if fallback and dispatch != "grouped":
-        raise ValueError(f"+fallback is grouped's, got {spec}+fallback")
-    if slots:
-        numbered = TopKRouter(router.weight.shape[1], router.num_experts, router.top_k, router.capacity_factor,
-                              slots=slots)
-        numbered.weight = router.weight  # the same parameter
-        router = numbered
-    return (GroupedAnywhere if fallback else MoELayer)(router, experts, dispatch, compiled=bool(plus))
 
 
 def main(argv=None):
@@ -76,10 +45,6 @@ def main(argv=None):
     p.add_argument("--experts", type=int, default=4)
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--capacity-factor", type=float, default=1.2)
-    p.add_argument("--dispatch", default="padded,index,permute,grouped,padded:sort,grouped:sort",
-                   help="candidates dispatch[:slots], comma-separated (the first, the default, gives moe_ms and ratio)")
-    p.add_argument("--compile-backend", default="inductor",
-                   help="torch.compile's backend for the +compile candidates (aot_eager: capture without code generation)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=5, help="calls per model per round")
     add_arguments(p)
@@ -93,24 +58,22 @@ def main(argv=None):
                   f"ideal K*C*dense {res['ideal_ms']:.2f} ms, ratio MoE / ideal = {res['ratio']:.3f} (target <= 1.15)")
         print(json.dumps({**reuse, "ratio_default_malloc": default["ratio"], "default_malloc": default}))
         return
-    moe_module.COMPILE_BACKEND = args.compile_backend
     torch.manual_seed(0)
     router = TopKRouter(args.dim, args.experts, args.top_k, args.capacity_factor)
     experts = Experts(args.experts, args.dim, args.ffn)
-    dispatches = args.dispatch.split(",")
-    moes = {d: to(candidate(d, router, experts), args).train() for d in dispatches}
+    moe = to(MoELayer(router, experts), args).train()
     fc1, fc2 = to(torch.nn.Linear(args.dim, args.ffn), args), to(torch.nn.Linear(args.ffn, args.dim), args)
     x = to(torch.randn(args.tokens, 1, args.dim), args).requires_grad_()
     no_padding = torch.zeros(1, args.tokens, dtype=torch.bool, device=args.device)
 
-    def moe_fn(moe, inp):
+    def moe_fn(inp):
         y, routing = moe(inp, no_padding)
         return y + routing.balance_loss
 
     def dense_fn(inp):
         return fc2(F.relu(fc1(inp)))
 
-    fns = {**{f"moe_{d}": partial(moe_fn, moe) for d, moe in moes.items()}, "dense": dense_fn}
+    fns = {"moe": moe_fn, "dense": dense_fn}
     for fn in fns.values():  # warm-up
         fwd_bwd(fn, x, 2)
     seconds = alternating_rounds({name: partial(fwd_bwd, fn, x, args.repeats) for name, fn in fns.items()},
@@ -118,13 +81,11 @@ def main(argv=None):
     calls = args.rounds * args.repeats
     ms = {name: 1e3 * s / calls for name, s in seconds.items()}
     ideal_ms = args.top_k * args.capacity_factor * ms["dense"]
-    candidates = {d: {"ms": round(ms[f"moe_{d}"], 3), "ratio": round(ms[f"moe_{d}"] / ideal_ms, 3)} for d in dispatches}
-    first = candidates[dispatches[0]]
     print(json.dumps({"tokens": args.tokens, "dim": args.dim, "ffn": args.ffn, "experts": args.experts,
                       "top_k": args.top_k, "capacity_factor": args.capacity_factor,
-                      "threads": torch.get_num_threads(), **describe(args), "moe_ms": first["ms"],
-                      "dense_ms": round(ms["dense"], 3), "ideal_ms": round(ideal_ms, 3), "ratio": first["ratio"],
-                      "candidates": candidates, "target": "<= 1.15"}))
+                      "threads": torch.get_num_threads(), **describe(args), "moe_ms": round(ms["moe"], 3),
+                      "dense_ms": round(ms["dense"], 3), "ideal_ms": round(ideal_ms, 3),
+                      "ratio": round(ms["moe"] / ideal_ms, 3), "target": "<= 1.15"}))
 
 
 if __name__ == "__main__":

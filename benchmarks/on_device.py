@@ -1,12 +1,9 @@
 """``--device`` and ``--dtype`` for the benchmarks: models and inputs on the device, and a clock that
 waits for the device before it reads the time (CUDA kernels run asynchronously to the host)."""
 import time
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
-
-from fairseq_widearch.modules import moe
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -33,13 +30,6 @@ def to(obj, args):
     if isinstance(obj, torch.nn.Module) or (isinstance(obj, torch.Tensor) and obj.is_floating_point()):
         return obj.to(device=args.device, dtype=DTYPES[args.dtype])
     return obj.to(args.device) if isinstance(obj, torch.Tensor) else obj
-
-
-def grouped_everywhere():
-    """A context in which ``--moe-dispatch grouped`` runs its own code whatever the device, dtype and
-    widths (torch's grouped product, its fallback loop where it has no fast kernel), where the layer
-    would run ``padded`` (``moe.fast_grouped_mm``)."""
-    return mock.patch.object(moe, "fast_grouped_mm", lambda tokens, ffn_dim: True)
 
 
 def training_loss(model, batch, pad: int = 1):

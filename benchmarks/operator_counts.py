@@ -1,27 +1,33 @@
 #!/usr/bin/env python
-"""Operators and host waits per training step, on the CPU, of each architecture and candidate
-beside the stock Transformer's at equal training FLOPs (docs/benchmarks.md, "Operators per step").
+"""The cost table: each architecture's Multi30k preset and one paper-size preset beside the stock
+Transformer of equal training FLOPs (docs/benchmarks.md, "Cost per FLOP").
 
 On a GPU each operator is at least one kernel launch and costs its Python and launch time on the
 host; once the host waits for the device (a value or a data-dependent shape read back), the
 device's queue runs dry and every launch after it is paid with the device idle. So a design that
 needs more operators per FLOP than the Transformer, or waits where it does not, loses utilisation
-at small batches whatever its FLOPs. Counted here with a ``TorchDispatchMode``
-(``fairseq_widearch.experiments.counting.OperatorCounter``) over one training step (forward,
-cross-entropy with the auxiliary losses, backward) of the paper-size preset on a small batch (the
-counts do not depend on the batch size; FLOPs do, so the twin is matched on the same batch).
+at small batches whatever its FLOPs. Counted here on the CPU with a ``TorchDispatchMode``
+(``fairseq_widearch.experiments.counting.OperatorCounter``), clock-free:
+
+* a training step: forward, cross-entropy with the auxiliary losses, backward;
+* a decoding step: one beam-search step of the model (``reorder_incremental_state``, the decoder on
+  the last token with its incremental state, log-probabilities), at the fourth target position.
+
 Waits are the operators that read a result on the host (``HOST_WAIT_OPERATORS``) and boolean
-indexing; atomic adds the scatter-adds.
+indexing; atomic adds the scatter-adds. ``excess`` names the operators of which the system runs the
+most more than its twin. The counts do not depend on the batch size; FLOPs do, so the twin (its
+encoder depth) is matched on the same batch. With ``--timing``, each system and its twin also train
+alternately in one process (``training_utilisation.compare``, fp32): ``throughput_per_flop`` =
+(the system's training FLOPs per second) / (its twin's), the CPU's clock on both alike.
 
-Systems (``--systems``): ``arch`` or ``arch:flag=value,...`` for a candidate (for example
-``widenet_wmt_en_de:--moe-dispatch=permute``); ``--moe-dispatch=grouped`` counts grouped's own code,
-as on the GPUs where it runs (on the CPU the layer would run ``padded``). The last line is one JSON
-object.
+Systems (``--systems``): ``arch`` or ``arch:flag=value,...`` for a candidate. The last line is one
+JSON object (``docs/data/cost_table.json`` is the committed one).
 
-    python benchmarks/operator_counts.py
+    python benchmarks/operator_counts.py --timing
 """
 import argparse
 import json
+from collections import Counter
 
 import torch
 
@@ -29,23 +35,77 @@ import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.experiments.counting import OperatorCounter
 from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model
-from on_device import grouped_everywhere, training_loss
-from training_utilisation import parse_system, step_flops, stock_flags, twin_layers
+from on_device import training_loss
+from training_utilisation import compare, parse_system, step_flops, stock_flags, twin_layers
 
-SYSTEMS = ("multipath_transformer_6l_4p", "widenet_wmt_en_de", "widenet_wmt_en_de:--moe-dispatch=index",
-           "widenet_wmt_en_de:--moe-dispatch=permute", "scalable_transformer_wmt_en_de",
-           "latent_depth_transformer_lld_12_24", "partialformer_24_6_d360_h30_16",
-           "partialformer_24_6_d360_h30_16:--partial-attention-kernel=explicit",
-           "partialformer_24_6_d360_h30_16:--partial-attention-kernel=sdpa")
+#: Each architecture's Multi30k preset and a paper-size one.
+SYSTEMS = ("multipath_transformer_multi30k", "multipath_transformer_6l_4p", "widenet_multi30k", "widenet_wmt_en_de",
+           "scalable_transformer_multi30k", "scalable_transformer_wmt_en_de", "latent_depth_transformer_multi30k",
+           "latent_depth_transformer_lld_12_24", "partialformer_multi30k", "partialformer_24_6_d360_h30_16")
+#: The targets: operators per step at most this times the twin's, host waits at most the twin's;
+#: CPU training throughput per FLOP at least this times the twin's.
+OPERATORS, THROUGHPUT = 1.10, 0.95
+#: Operators that only change a tensor's metadata, listed apart in ``excess``
+VIEWS = {"view", "_unsafe_view", "t", "transpose", "unsqueeze", "squeeze", "expand", "slice", "select", "detach",
+         "permute", "alias", "as_strided", "unbind", "split", "split_with_sizes", "chunk", "narrow"}
 
 
-def counted(model, batch) -> dict:
-    model.zero_grad(set_to_none=True)
+def counts(counter: OperatorCounter) -> dict:
+    return {"operators": counter.operators, "host_waits": counter.host_waits, "atomic_adds": counter.atomic_adds,
+            "by_name": dict(counter.counts)}
+
+
+def training_step(model, batch) -> dict:
+    model.train().zero_grad(set_to_none=True)
     with OperatorCounter() as counter:
         training_loss(model, batch).backward()
-    return {"operators": counter.operators, "host_waits": counter.host_waits, "atomic_adds": counter.atomic_adds,
-            "wait_sites": {k: v for k, v in counter.counts.items() if k in ("nonzero", "_local_scalar_dense")
-                           or "boolean" in k}}
+    model.zero_grad(set_to_none=True)
+    return counts(counter)
+
+
+@torch.no_grad()
+def decoding_step(model, batch, step: int = 3) -> dict:
+    """One beam-search step of ``model`` at target position ``step`` (after ``step`` uncounted ones)."""
+    src, lengths, prev, _ = batch
+    model.eval()
+    encoder_out = model.encoder(src, src_lengths=lengths)
+    state, order = {}, torch.arange(src.shape[0])
+
+    def one(t):
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        out = model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
+        model.get_normalized_probs(out, log_probs=True)
+
+    for t in range(step):
+        one(t)
+    with OperatorCounter() as counter:
+        one(step)
+    return counts(counter)
+
+
+def excess(mine: dict, twin: dict, n: int = 6) -> list:
+    """The ``n`` operators the system runs most more often than its twin: [[name, difference], ...]."""
+    diff = Counter(mine["by_name"])
+    diff.subtract(twin["by_name"])
+    return [[name.removeprefix("aten."), d] for name, d in diff.most_common(n) if d > 0]
+
+
+def row(system: str, batch, args) -> dict:
+    """``system``'s and its FLOP-matched twin's counts, per training and per decoding step."""
+    arch, flags = parse_system(system)
+    model = build_model(arch, flags, vocab_size=args.vocab).train()
+    flops = step_flops(model, batch)
+    layers = twin_layers(system, flops, batch, args)
+    twin = build_model("transformer", stock_flags(system, layers), vocab_size=args.vocab).train()
+    result = {"gflops": round(flops / 1e9, 3), "twin_encoder_layers": layers,
+              "twin_gflops": round(step_flops(twin, batch) / 1e9, 3)}
+    for name, count in (("train", training_step), ("decode", decoding_step)):
+        mine, stock = count(model, batch), count(twin, batch)
+        result[name] = {**{k: v for k, v in mine.items() if k != "by_name"},
+                        "twin": {k: v for k, v in stock.items() if k != "by_name"},
+                        "ratio": round(mine["operators"] / stock["operators"], 3),
+                        "excess": excess(mine, stock)}
+    return result
 
 
 def main(argv=None):
@@ -55,36 +115,27 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--src-len", type=int, default=30)
     p.add_argument("--tgt-len", type=int, default=30)
+    p.add_argument("--timing", action="store_true", help="also CPU training throughput per FLOP against the twin")
+    p.add_argument("--steps", type=int, default=3, help="with --timing: updates per model per round")
+    p.add_argument("--rounds", type=int, default=4, help="with --timing: alternating rounds")
     args = p.parse_args(argv)
     args.device, args.dtype = "cpu", "fp32"
     torch.manual_seed(0)
-    batch = random_training_batches(1, args.batch_size, args.src_len, args.tgt_len, args.vocab)[0]
+    batches = random_training_batches(args.steps, args.batch_size, args.src_len, args.tgt_len, args.vocab)
     results = {}
-    # grouped counted as it runs where it runs its own code (bf16 on a Hopper GPU); here it would run padded
-    with grouped_everywhere():
-        for system in args.systems.split(";"):
-            results[system] = counted_system(system, batch, args)
+    for system in args.systems.split(";"):
+        results[system] = res = row(system, batches[0], args)
+        if args.timing:
+            res["throughput_per_flop"] = compare(system, batches, 1.0, args)["ratio"]
+        train, decode = res["train"], res["decode"]
+        print(f"{system:>40}: training {train['operators']:5d} ops / twin's {train['twin']['operators']:5d} "
+              f"({res['twin_encoder_layers']} encoder layers) = {train['ratio']:.3f}, waits {train['host_waits']} / "
+              f"{train['twin']['host_waits']}, atomic adds {train['atomic_adds']} | decoding {decode['ratio']:.3f}, waits "
+              f"{decode['host_waits']} / {decode['twin']['host_waits']}"
+              + (f" | throughput per FLOP {res['throughput_per_flop']:.3f}" if args.timing else ""), flush=True)
     print(json.dumps({"batch_size": args.batch_size, "src_len": args.src_len, "tgt_len": args.tgt_len,
-                      "vocab": args.vocab, **results}))
-
-
-def counted_system(system: str, batch, args) -> dict:
-    """The operator counts of ``system``'s training step and of its FLOP-matched stock twin's; printed."""
-    arch, flags = parse_system(system)
-    model = build_model(arch, flags, vocab_size=args.vocab).train()
-    flops = step_flops(model, batch)
-    layers = twin_layers(arch, flops, batch, args)
-    twin = build_model("transformer", stock_flags(arch, layers), vocab_size=args.vocab).train()
-    twin_flops = step_flops(twin, batch)
-    mine, stock = counted(model, batch), counted(twin, batch)
-    result = {**mine, "gflops": round(flops / 1e9, 3), "twin_encoder_layers": layers,
-              "twin": {**stock, "gflops": round(twin_flops / 1e9, 3)},
-              "operators_per_flop_ratio": round(mine["operators"] / flops / (stock["operators"] / twin_flops), 3)}
-    print(f"{system:>48}: {mine['operators']:6d} operators, {mine['host_waits']:3d} waits, "
-          f"{mine['atomic_adds']:3d} atomic adds | stock twin ({layers}-layer encoder): {stock['operators']:6d} "
-          f"operators, {stock['host_waits']:3d} waits | operators per FLOP / twin's "
-          f"{result['operators_per_flop_ratio']}", flush=True)
-    return result
+                      "vocab": args.vocab, "threads": torch.get_num_threads(), "targets": {
+                          "operators": OPERATORS, "throughput_per_flop": THROUGHPUT}, **results}))
 
 
 if __name__ == "__main__":

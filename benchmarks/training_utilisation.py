@@ -15,7 +15,7 @@ sub-Transformer. The last line is one JSON object; each system's ``ratio`` = its
 
     python benchmarks/training_utilisation.py --device cuda --dtype fp16     # paper sizes, on a GPU
     python benchmarks/training_utilisation.py --systems multipath_transformer_tiny --vocab 1000 --batch-size 8
-    python benchmarks/training_utilisation.py --systems "widenet_wmt_en_de;widenet_wmt_en_de:--moe-dispatch=permute"
+    python benchmarks/training_utilisation.py --systems "widenet_wmt_en_de;widenet_wmt_en_de:--moe-top-k=1"
 """
 import argparse
 import json

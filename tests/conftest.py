@@ -4,7 +4,6 @@ import shutil
 from collections import Counter
 
 import pytest
-import torch
 
 from testing_utils import LANGS, NoMulti30k, cli, fairseq, find_multi30k, train
 
@@ -42,45 +41,6 @@ def pytest_collection_modifyitems(items):
     ranked = sorted((items[i] for i in slots), key=lambda item: item.get_closest_marker("tier_order").args[0])
     for i, item in zip(slots, ranked):
         items[i] = item
-
-
-@pytest.fixture
-def grouped_runs_here(monkeypatch):
-    """``--moe-dispatch grouped`` runs its own code on the CPU (torch's slow grouped product), where
-    the layer would run ``padded`` instead: the tests compare grouped's outputs, not its speed. The
-    rows F.grouped_mm leaves undefined (past the last group, in the output and in the input's
-    gradient) are NaN, so that a test sees any use of them, where torch's empty memory shows one
-    only now and then."""
-    from fairseq_widearch.modules import moe
-    monkeypatch.setattr(moe, "fast_grouped_mm", lambda tokens, ffn_dim: True)
-    monkeypatch.setattr(torch.nn.functional, "grouped_mm", nan_past_last_group(torch.nn.functional.grouped_mm))
-
-
-def nan_past_last_group(grouped_mm):
-    """``grouped_mm`` whose (M, in) x (n, in, out) product has NaN in the rows past ``offs[-1]``,
-    of its output and of its first operand's gradient."""
-    class Strict(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, a, b, offs):
-            ctx.save_for_backward(a, b, offs)
-            return grouped_mm(a, b, offs=offs).masked_fill_(past(a, offs), float("nan"))
-
-        @staticmethod
-        def backward(ctx, grad):
-            a, b, offs = ctx.saved_tensors
-            with torch.enable_grad():
-                a_, b_ = a.detach().requires_grad_(), b.detach().requires_grad_()
-                grad_a, grad_b = torch.autograd.grad(grouped_mm(a_, b_, offs=offs), (a_, b_), grad)
-            return grad_a.masked_fill_(past(a, offs), float("nan")), grad_b, None
-
-    def past(a, offs):  # (M, 1), without reading offs on the host (the host-wait counts see this)
-        return (torch.arange(a.shape[0], device=a.device) >= offs[-1])[:, None]
-
-    def strict(a, b, *, offs=None, **kwargs):
-        if a.dim() == 2 and b.dim() == 3 and not kwargs:
-            return Strict.apply(a, b, offs)
-        return grouped_mm(a, b, offs=offs, **kwargs)
-    return strict
 
 
 def raw_multi30k(request, langs):

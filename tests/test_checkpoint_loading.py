@@ -8,7 +8,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from testing_utils import REPO, cli, fairseq, train
+from testing_utils import REPO, cli, decode, fairseq, train
 
 ARCHS = ["transformer_tiny", "multipath_transformer_tiny"]
 
@@ -145,3 +145,31 @@ def test_a_tools_missing_input_or_bad_widths_is_one_line_naming_it(tool, args, n
     proc = cli(f"fairseq_widearch.cli.{tool}", *(a.format(tmp=tmp_path) for a in args))
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode in (1, 2) and named.format(tmp=tmp_path) in last and "Traceback" not in proc.stderr
+
+
+#: A way to run that older checkpoints stored in their model config, per preset; now chosen per
+#: process (PartialFormer's attention kernel) or gone (the MoE layer's other dispatches).
+WAYS_TO_RUN = {"widenet_tiny": {"moe_dispatch": "index", "moe_slots": "sort", "moe_compile": True},
+               "partialformer_tiny": {"partial_attention_kernel": "explicit"}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", WAYS_TO_RUN)
+def test_a_checkpoint_that_stored_how_it_ran_decodes_and_resumes_as_one_that_did_not(arch, multi30k_slice_bin, tmp_path,
+                                                                                   monkeypatch):
+    train(multi30k_slice_bin, tmp_path, arch, max_update=2)
+    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)
+    for key, value in WAYS_TO_RUN[arch].items():
+        assert not hasattr(state["cfg"]["model"], key)  # no longer saved
+        setattr(state["cfg"]["model"], key, value)
+    torch.save(state, tmp_path / "older.pt")
+    outputs = []
+    for checkpoint, kernel in (("checkpoint_last.pt", "auto"), ("older.pt", "sdpa")):
+        monkeypatch.setenv("PARTIALFORMER_ATTENTION_KERNEL", kernel)  # the same outputs whichever kernel
+        decode(multi30k_slice_bin, tmp_path / checkpoint, tmp_path / "gen.out", multi30k_slice_bin.parent / "bpe" / "codes",
+               2, "1.0", "--max-len-b", 8)
+        hypotheses = [line.split("\t") for line in (tmp_path / "gen.out").read_text().splitlines() if line.startswith("H-")]
+        outputs.append(sorted((ident, text) for ident, _score, text in hypotheses))  # kernels round differently
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 100
+    resumed = train(multi30k_slice_bin, tmp_path / "resumed", arch, "--restore-file", tmp_path / "older.pt", max_update=3)
+    assert "Loaded checkpoint" in resumed.stdout and (tmp_path / "resumed" / "checkpoint_last.pt").exists()

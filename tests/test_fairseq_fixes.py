@@ -176,7 +176,7 @@ def test_a_run_stopped_mid_epoch_exits_cleanly_while_its_prefetching_thread_coll
 
 @pytest.mark.parametrize("tool,flags,listed", [
     ("train", ["--arch", "widenet_tiny", "--criterion", "moe_label_smoothed_cross_entropy"],
-     ["--moe-dispatch", "--moe-balance-weight", "--max-tokens"]),
+     ["--moe-capacity-factor", "--moe-balance-weight", "--max-tokens"]),
     ("generate", ["--task", "scalable_translation"], ["--eval-width", "--beam"])])
 def test_help_lists_the_flags_of_the_architecture_task_and_criterion(tool, flags, listed):
     """No data directory given, as a user asking for help gives none."""

@@ -30,16 +30,12 @@ def test_the_dry_run_writes_the_whole_report(multi30k_bin, tmp_path):
     markdown = (out / "report.md").read_text()
     for label, res in report["steps"]["speed"].items():
         assert res["rc"] == 0 and res["json"], label
-    assert report["steps"]["speed"]["moe bf16 256 tokens"]["json"]["candidates"].keys() == {
-        "padded", "index", "permute", "grouped", "padded:sort", "grouped:sort", "grouped+fallback",
-        "grouped:sort+fallback"}
+    moe = report["steps"]["speed"]["moe bf16 256 tokens"]["json"]
+    assert moe["ratio"] > 0 and moe["moe_ms"] > 0 and moe["dense_ms"] > 0, moe
+    assert f"MoE / K·C dense {moe['ratio']}" in markdown
     utilisation = report["steps"]["speed"]["widenet utilisation bf16 batch 4"]["json"]
-    systems = ["widenet_tiny", *(f"widenet_tiny:--moe-dispatch={c}" for c in ("index", "permute", "grouped")),
-               "widenet_tiny:--moe-dispatch=padded,--moe-slots=sort", "widenet_tiny:--moe-dispatch=grouped,--moe-slots=sort"]
     settings = {"device", "dtype", "matmul_peak_tflops", "batch_size", "src_len", "tgt_len"}
-    assert set(utilisation) - settings == set(systems) and all("ratio" in utilisation[s] for s in systems), utilisation
-    assert report["steps"]["speed"]["moe compiled bf16 256 tokens"]["json"]["candidates"].keys() == {
-        "padded", "padded+compile"}
+    assert set(utilisation) - settings == {"widenet_tiny"} and "ratio" in utilisation["widenet_tiny"], utilisation
     # PartialFormer's three attention kernels timed side by side in one model
     kernels = report["steps"]["speed"]["fused attention bf16"]["json"]["kernels"]["partialformer_tiny"]
     assert {"auto_ms", "explicit_ms", "sdpa_ms"} <= kernels.keys() and "step time / auto's" in markdown
@@ -52,20 +48,14 @@ def test_host_syncs_runs_each_precision_and_counts_the_moe_calls():
     sync: the model cast (``--dtype``, as --fp16/--bf16; not stepped) or fp32 under autocast
     (``--autocast``, as --amp; stepped), as the dtypes of its parameters and of its MoE products
     say; WideNet's MoE calls per training pass (3 + 3 blocks) and per decoding step (the decoder's
-    3, the encoder's 3 once over the target's positions); grouped's own code where forced (per
-    call, ``F.grouped_mm`` 2 times forward and 2 for the biases' gradients backward; the products'
-    own backward is torch's), padded's otherwise."""
-    tgt_len, systems = 3, ["widenet grouped+fallback", "widenet grouped", "transformer"]
+    3, the encoder's 3 once over the target's positions)."""
+    tgt_len, systems = 3, ["widenet", "transformer"]
     for precision, parameters, products in ((["--dtype", "fp16"], "torch.float16", "torch.float16"),
                                             (["--dtype", "bf16", "--autocast"], "torch.float32", "torch.bfloat16")):
         counted = benchmark("host_syncs", "--device", "cpu", "--systems", ",".join(systems), *precision, "--steps", "1",
                             "--warmup", "1", "--tgt-len", tgt_len, "--src-len", 4, "--batch-size", 2, "--vocab", 100)
         assert counted["parameter_dtypes"] == dict.fromkeys(systems, [parameters])
         assert counted["stepped"] == dict.fromkeys(systems, "--autocast" in precision)
-        assert counted["moe_product_dtypes"] == {**dict.fromkeys(systems[:2], [products]), "transformer": []}
-        assert counted["moe_calls_per_pass"] == {**dict.fromkeys(systems[:2], 6), "transformer": 0}
-        assert counted["moe_calls_per_decoding_step"] == {**dict.fromkeys(systems[:2], 3 + 3 / tgt_len),
-                                                          "transformer": 0}
-        assert counted["grouped_mm_calls_per_pass"] == {systems[0]: 6 * 4, systems[1]: 0, "transformer": 0}
-        assert counted["grouped_mm_calls_per_decoding_step"] == {systems[0]: 2 * (3 + 3 / tgt_len), systems[1]: 0,
-                                                                 "transformer": 0}
+        assert counted["moe_product_dtypes"] == {"widenet": [products], "transformer": []}
+        assert counted["moe_calls_per_pass"] == {"widenet": 6, "transformer": 0}
+        assert counted["moe_calls_per_decoding_step"] == {"widenet": 3 + 3 / tgt_len, "transformer": 0}

@@ -3,9 +3,6 @@ import json
 
 import figures
 import pytest
-import torch
-import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 from testing_utils import TINY_ARCHS, cli
 from fairseq_widearch.experiments.counting import param_counts, preset_param_counts
@@ -52,43 +49,6 @@ def test_counts_on_the_meta_device_equal_a_built_models(arch):
     architecture's counts there equal those of the model built with its weights."""
     built = param_counts(build_model(arch, vocab_size=100))
     assert preset_param_counts(arch, vocab_size=100) == built and built["params"] > 0
-
-
-def flops(run) -> int:
-    counter = FlopCounterMode(display=False)
-    with counter:
-        run()
-    return counter.get_total_flops()
-
-
-@pytest.mark.parametrize("layout", ["2d-3d", "3d-2d", "2d-2d"])
-def test_grouped_matrix_product_counts_as_the_loop_over_its_groups(layout):
-    """The flop counter counts F.grouped_mm (forward and both gradients) as the per-group matmuls
-    it replaces, over the groups' rows only (the rows past the last group are not computed)."""
-    torch.manual_seed(0)
-    ends = [2, 5, 9]  # of 12: three rows past the last group (strides: multiples of 16 bytes)
-    starts = [0, *ends[:-1]]
-    a_shape, b_shape = {"2d-3d": ((12, 8), (3, 8, 16)), "3d-2d": ((3, 8, 8), (8, 12)),
-                        "2d-2d": ((8, 12), (12, 16))}[layout]
-    a, b = torch.randn(a_shape, requires_grad=True), torch.randn(b_shape, requires_grad=True)
-    offs = torch.tensor(ends, dtype=torch.int32)
-
-    def grouped():
-        out = F.grouped_mm(a, b, offs=offs)
-        out.backward(torch.randn_like(out))
-
-    def group(g, s, e):
-        if layout == "2d-3d":
-            return a[s:e] @ b[g]
-        if layout == "3d-2d":
-            return a[g] @ b[:, s:e]
-        return a[:, s:e] @ b[s:e]
-
-    def loop():
-        out = torch.cat([group(g, s, e).flatten() for g, (s, e) in enumerate(zip(starts, ends))])
-        out.backward(torch.randn_like(out))
-
-    assert flops(grouped) == flops(loop) > 0
 
 
 @pytest.mark.slow

@@ -208,7 +208,30 @@ def sizes(*names: str) -> str:
     return "\n".join(lines)
 
 
-WRITERS = {"bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "speed": speed, "seed_span": seed_span,
+def cost(name: str) -> str:
+    """The cost table of docs/data/``name`` (benchmarks/operator_counts.py's closing line): per preset,
+    training and decoding operators against the twin's, host waits and atomic adds, and the operators
+    run most more often than the twin in training; CPU throughput per FLOP where the row has it."""
+    table = json.loads((DATA / name).read_text())
+    lines = [f"{table['date']}, {table['hardware']}, `{table['command']}`: batches of {table['batch_size']} x "
+             f"{table['src_len']} + {table['tgt_len']} tokens, vocabulary {table['vocab']:,}.", "",
+             "| preset | twin encoder layers | training operators / twin's | host waits (twin) | atomic adds (twin) "
+             "| decoding operators / twin's | decoding waits (twin) | throughput per FLOP / twin's | most run more often "
+             "than the twin (training) |", "|---|---|---|---|---|---|---|---|---|"]
+    for system, row in table.items():
+        if not isinstance(row, dict) or "train" not in row:
+            continue
+        train, decode = row["train"], row["decode"]
+        speed = f"{row['throughput_per_flop']:.2f}" if "throughput_per_flop" in row else "not timed"
+        more = ", ".join(f"{op} +{n}" for op, n in train["excess"][:3])
+        lines.append(f"| `{system}` | {row['twin_encoder_layers']} | {train['operators']:,} / {train['twin']['operators']:,} "
+                     f"= {train['ratio']:.3f} | {train['host_waits']} ({train['twin']['host_waits']}) | "
+                     f"{train['atomic_adds']} ({train['twin']['atomic_adds']}) | {decode['ratio']:.3f} | "
+                     f"{decode['host_waits']} ({decode['twin']['host_waits']}) | {speed} | {more} |")
+    return "\n".join(lines)
+
+
+WRITERS = {"cost": cost, "bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "speed": speed, "seed_span": seed_span,
            "mean": mean, "compare": compare, "claim": claim, "head_to_head": head_to_head, "gpu_report": gpu_report, "stats": stats, "sizes": sizes,
            "gpu_estimate": gpu_estimate}
 

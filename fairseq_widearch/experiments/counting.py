@@ -9,36 +9,9 @@ import traceback
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch._subclasses.fake_tensor import is_fake
-from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula
+from torch.utils.flop_counter import FlopCounterMode
 
 from ..model_builder import build_model
-
-
-def _grouped_mm_flops(mat_a, mat_b, offs=None, *args, out_val=None, **kwargs) -> int:
-    """FLOPs of torch's grouped matrix product (``F.grouped_mm``, WideNet's ``--moe-dispatch
-    grouped``), which ``torch.utils.flop_counter`` does not count: 2 per multiply-add over what the
-    groups cover. ``offs`` (cumulative group ends) splits the rows of a 2-D ``mat_a`` against a 3-D
-    ``mat_b`` (the forward and the input's gradient), the contracted dimension of two 2-D operands
-    (the weights' gradient) or the columns of a 2-D ``mat_b`` against a 3-D ``mat_a``; rows past
-    ``offs[-1]`` are not computed, so not counted. Without real values of ``offs`` (fake or meta
-    tensors) the whole extent is counted. Shapes as ``F.grouped_mm`` takes them (2-D or 3-D each);
-    returns FLOPs (an int); raises nothing of its own. Not a paper's equation: a counting rule."""
-    def covered(full: int) -> int:  # the extent of the dimension ``offs`` splits that the groups compute
-        return full if offs is None or is_fake(offs) or offs.device.type == "meta" else int(offs[-1])
-
-    a, b = mat_a.shape, mat_b.shape
-    if mat_a.dim() == 3 and mat_b.dim() == 3:
-        return 2 * a[0] * a[1] * a[2] * b[2]
-    if mat_a.dim() == 2 and mat_b.dim() == 3:
-        return 2 * covered(a[0]) * a[1] * b[2]
-    if mat_a.dim() == 2:
-        return 2 * a[0] * covered(a[1]) * b[1]
-    return 2 * a[1] * a[2] * covered(b[1])
-
-
-if torch.ops.aten._grouped_mm not in flop_registry:  # a later torch may count it itself
-    register_flop_formula(torch.ops.aten._grouped_mm, get_raw=True)(_grouped_mm_flops)
 
 
 def _unique_params(module, seen):

@@ -30,7 +30,7 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.partial_attention import (GATE_ACTIVATIONS, KERNELS, GlobalAttentionLogits, PartialAttention, PGFFN,
+from ..modules.partial_attention import (GATE_ACTIVATIONS, GlobalAttentionLogits, PartialAttention, PGFFN,
                                          qkv_gain)
 from .base import (
     LayerLoopDecoder,
@@ -96,11 +96,6 @@ class PartialFormerConfig(TransformerConfig):
         default=False, metadata={"help": "A^G in the decoder's cross-attention too: target-embedding queries, "
                                          "source-embedding keys (off: the released code, Table 5's MACs)"}
     )
-    partial_attention_kernel: ChoiceEnum(KERNELS) = field(
-        default="auto", metadata={"help": "how each AFFN's attention is computed, the same outputs: auto (SDPA "
-                                          "unless head scaling), explicit (softmax always), sdpa (SDPA always, the "
-                                          "head-scaled logits as its mask); docs/partialformer.md, 'Attention kernel'"}
-    )
     partialformer_stacks: ChoiceEnum(STACKS) = field(
         default="both", metadata={"help": "PartialFormer layers in both stacks, the encoder only or the decoder only "
                                           "(Table 7 rows 7-8; the other stack is a pre-norm Transformer)"}
@@ -133,7 +128,7 @@ def build_affn(cfg, side: str, self_attention: bool) -> PartialAttention:
                        None if cfg.no_head_gates else cfg.head_gate_activation, not cfg.pg_ffn_as_printed,
                        cfg.activation_dropout, gate_bias, qkv_gain(d, kdim) if released else None)
     return PartialAttention(d, qk_heads, heads, head_dim, pg_ffn, kdim=kdim, dropout=cfg.attention_dropout,
-                            self_attention=self_attention, kernel=cfg.partial_attention_kernel, zero_bias=not released)
+                            self_attention=self_attention, zero_bias=not released)
 
 
 def build_global_logits(cfg, side: str, self_attention: bool = True) -> GlobalAttentionLogits:

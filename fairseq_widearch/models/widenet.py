@@ -13,7 +13,7 @@ cross-attention and the MoE (docs/widenet.md). Balance losses of every routing c
 """
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
@@ -31,10 +31,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import Tensor
 
 from ..checkpoint_loading import CONFIG_UPGRADES
-from ..modules.batched_linear import casts_once
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.moe import (DISPATCH, EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, SLOTS, ExpertForm, Experts,
-                           MoELayer, Routing, TopKRouter)
+from ..modules.moe import EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, ExpertForm, Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
 from .base import LayerLoopDecoder, LayerLoopEncoder, LayerSlot, WideTransformerModel, added_defaults, alignment_weights
 from .presets import MULTI30K_BODY, register_preset, set_defaults, set_unset
@@ -88,25 +86,6 @@ class WideNetConfig(TransformerConfig):
                           "fan_out d/H·d; output (H, d/H, d): fan_in d, fan_out H·d) and zero biases; fairseq: "
                           "fairseq's MultiheadAttention init (Xavier, gain 1/√2 for q, k, v, with nn.Linear's biases; a zero output bias); "
                           "docs/widenet.md"},
-    )
-    moe_dispatch: ChoiceEnum(DISPATCH) = field(
-        default="padded",
-        metadata={"help": "how tokens reach the experts and come back, the same outputs and gradients: padded "
-                          "(no host wait), index (a host wait per call for the number of real tokens), permute "
-                          "(no wait, gathers both ways, no atomic adds), grouped (no capacity-sized buffers: the "
-                          "kept assignments sorted by expert through grouped matrix products); docs/widenet.md, "
-                          "'Dispatch'"},
-    )
-    moe_slots: ChoiceEnum(SLOTS) = field(
-        default="count",
-        metadata={"help": "how the router numbers each expert's assignments, the same slots: count (a running "
-                          "count over an E x K·N one-hot mask) or sort (a stable sort of the expert ids, a count "
-                          "and a cumulative sum); docs/widenet.md, 'Dispatch'"},
-    )
-    moe_compile: bool = field(
-        default=False,
-        metadata={"help": "route, dispatch, run the experts and combine in one region compiled by torch.compile "
-                          "with dynamic shapes (with --moe-dispatch padded); docs/widenet.md, 'Dispatch'"},
     )
     moe_activation_fn: Optional[str] = field(
         default=None,
@@ -213,7 +192,7 @@ def build_ffn(cfg, embed_dim: int, ffn_dim: int):
     if cfg.widenet_dense_ffn:
         return DenseFFN(embed_dim, ffn_dim, *ffn, dropout=cfg.dropout)
     experts = Experts(cfg.moe_experts, embed_dim, ffn_dim, *ffn, dropout=cfg.dropout)
-    return MoELayer(build_router(cfg, embed_dim), experts, cfg.moe_dispatch, cfg.moe_compile)
+    return MoELayer(build_router(cfg, embed_dim), experts)
 
 
 def expert_activation(cfg) -> str:
@@ -238,8 +217,7 @@ def given_activation_dropout(args) -> Optional[float]:
 def build_router(cfg, embed_dim: int) -> TopKRouter:
     return TopKRouter(embed_dim, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity_factor,
                       cfg.moe_eval_capacity_factor, noise=not cfg.moe_no_router_noise,
-                      renormalize=cfg.moe_renormalize_gates, routing=cfg.moe_routing, init=cfg.widenet_experts,
-                      slots=cfg.moe_slots)
+                      renormalize=cfg.moe_renormalize_gates, routing=cfg.moe_routing, init=cfg.widenet_experts)
 
 
 class BlockSharing:
@@ -278,8 +256,7 @@ class BlockSharing:
         never calls a router, so it gets none of its own: DDP would find it unused)."""
         shared = self.module("moe", lambda: build_ffn(self.cfg, embed_dim, ffn_dim))
         if shared is getattr(self.first, "moe", None) and self.cfg.widenet_router_per_block and self.routes:
-            return MoELayer(build_router(self.cfg, embed_dim), shared.experts, self.cfg.moe_dispatch,
-                            self.cfg.moe_compile)
+            return MoELayer(build_router(self.cfg, embed_dim), shared.experts)
         return shared
 
 
@@ -388,11 +365,10 @@ class RoutingGroups:
             return
         self.routing = routing = Routing(*fields)
         self.aux["moe_balance_loss"].append(routing.balance_loss)
-        kept = routing.kept.float()
-        # over the real tokens' assignments: a padded dispatch routes the padding too (slot -1, never kept)
-        real = (routing.slot >= 0).float().sum()
+        kept = routing.kept_load.float()  # assignments kept per expert
+        real = routing.load.sum()  # the real tokens' assignments (padding is routed, never counted)
         self.aux["moe_dropped"].append((real - kept.sum()) / real.clamp_min(1))
-        self.aux["moe_load"].append(routing.kept_load.float())  # assignments kept per expert
+        self.aux["moe_load"].append(kept)
 
 
 class WideNetEncoder(LayerLoopEncoder):
@@ -408,13 +384,12 @@ class WideNetEncoder(LayerLoopEncoder):
 
     def run_layers(self, x, padding_mask, states, src_tokens):
         groups = RoutingGroups(len(self.layers), self.routing_groups)
-        with casts_once(self.layers):  # the shared experts cast once, not once per block
-            for i, layer in enumerate(self.layers):
-                reuse = groups.for_layer(i)
-                x, *routing = layer(x, padding_mask, *reuse)
-                groups.record(routing, reused=bool(reuse))
-                if states is not None:
-                    states.append(x)
+        for i, layer in enumerate(self.layers):
+            reuse = groups.for_layer(i)
+            x, *routing = layer(x, padding_mask, *reuse)
+            groups.record(routing, reused=bool(reuse))
+            if states is not None:
+                states.append(x)
         return x, groups.aux
 
 
@@ -430,21 +405,19 @@ class WideNetDecoder(LayerLoopDecoder):
         return self.build_next_layer(cfg, lambda slot: build_block(WideNetDecoderLayer, cfg, slot, cfg.decoder.layers))
 
     def self_attn_padding(self, padding_mask: Tensor) -> Tensor:
-        """Always the mask: no host wait for fairseq's "any padding?" check, and one input form for the
-        MoE's padding (a compiled region sees no switch between None and a tensor)."""
+        """Always the mask: no host wait for fairseq's "any padding?" check."""
         return padding_mask
 
     def run_layers(self, x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
                    self_attn_padding_mask, padding_mask, inner_states, encoder_aux, alignment_layer):
         groups, aux = RoutingGroups(len(self.layers), self.routing_groups), {}
-        with casts_once(self.layers):
-            for i, layer in enumerate(self.layers):
-                reuse = groups.for_layer(i)
-                x, attn, *routing = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                                          self_attn_padding_mask, i == alignment_layer, *reuse)
-                groups.record(routing, reused=bool(reuse))
-                aux.update(alignment_weights(attn))
-                inner_states.append(x)
+        for i, layer in enumerate(self.layers):
+            reuse = groups.for_layer(i)
+            x, attn, *routing = layer(x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
+                                      self_attn_padding_mask, i == alignment_layer, *reuse)
+            groups.record(routing, reused=bool(reuse))
+            aux.update(alignment_weights(attn))
+            inner_states.append(x)
         return x, {**groups.aux, **aux}
 
 
@@ -455,11 +428,6 @@ def validate_widenet_config(args):
     require(args.moe_top_k <= args.moe_experts,
             f"--moe-top-k {args.moe_top_k} exceeds --moe-experts {args.moe_experts}")
     # the capacity factors are checked where they are used (TopKRouter, at build)
-    defaults = {f.name: f.default for f in fields(WideNetConfig)}
-    for name in ("moe_dispatch", "moe_slots", "moe_compile"):
-        value = getattr(args, name)
-        require(not (args.widenet_dense_ffn and value != defaults[name]),
-                f"--{name.replace('_', '-')} {value} concerns the MoE layer; --widenet-dense-ffn has none")
     require(not (args.widenet_dense_ffn and args.widenet_router_per_block),
             "--widenet-router-per-block needs the MoE layer; it cannot go with --widenet-dense-ffn")
     groups = args.widenet_routing_groups

@@ -16,7 +16,6 @@ first choice before any second), ⌈C·K·N/E⌉ slots, m_i the share of the N t
 the released code's), tokens in fairseq's T x B order.
 """
 import math
-import warnings
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Optional
@@ -33,34 +32,44 @@ from .batched_linear import BatchedLinear
 
 @dataclass
 class Routing:
-    """One routing decision over the N non-padding tokens of a batch.
+    """One routing decision over the N rows of a batch (padding rows included, never kept).
 
     Attributes:
-        expert: ``(k·N,)`` expert of each assignment, choice-major (all first choices, then all
-            second choices, ...).
-        token: ``(k·N,)`` token (row of the flattened non-padding input) of each assignment.
-        gate: ``(k·N,)`` gate value g(x)_i of each assignment, fp32.
-        slot: ``(k·N,)`` position of each assignment in its expert's buffer.
-        kept: ``(k·N,)`` bool, False for assignments beyond the expert's capacity (dropped).
-        capacity: B, buffer size per expert.
+        choice: ``(N, k)`` the k experts of each row, best first.
+        gate: ``(N, k)`` their gate values g(x)_i, fp32.
+        position: ``(N·k,)`` token-major (row n's k choices at ``n·k`` to ``n·k + k - 1``): the row
+            of each assignment in the flat expert buffer of ``E·B + 1`` rows, where expert i's slot
+            s (1-based) is row ``i·B + s`` and row 0 takes the dropped and padding assignments.
+        capacity: B, buffer slots per expert.
         num_experts: E.
         balance_loss: scalar fp32 l = E · Σ_i m_i P_i (Eq. 3).
-        kept_load: ``(E,)`` int64, the kept assignments of each expert (its slots 0 to kept_load - 1).
+        load: ``(E,)`` int64, the real tokens' assignments of each expert.
+        kept_load: ``(E,)`` int64, those kept (its slots 1 to kept_load).
     """
 
-    expert: Tensor
-    token: Tensor
+    choice: Tensor
     gate: Tensor
-    slot: Tensor
-    kept: Tensor
+    position: Tensor
     capacity: int
     num_experts: int
     balance_loss: Tensor
+    load: Tensor
     kept_load: Tensor
 
-    def kept_gate(self, dtype: torch.dtype) -> Tensor:
-        """``(k·N,)`` gate values in ``dtype``, 0 for the dropped assignments."""
-        return self.gate.masked_fill(~self.kept, 0.0).to(dtype)
+    @property
+    def kept(self) -> Tensor:
+        """``(k·N,)`` bool, choice-major: False for the dropped and the padding assignments."""
+        return (self.position > 0).view(self.choice.shape).t().reshape(-1)
+
+    @property
+    def expert(self) -> Tensor:
+        """``(k·N,)`` choice-major: the expert of each assignment."""
+        return self.choice.t().reshape(-1)
+
+    @property
+    def token(self) -> Tensor:
+        """``(k·N,)`` choice-major: the row of each assignment."""
+        return torch.arange(self.choice.shape[0], device=self.choice.device).repeat(self.choice.shape[1])
 
     def as_tuple(self) -> tuple:
         """The fields in order (``Routing(*routing.as_tuple())`` rebuilds it): the form in which a
@@ -73,10 +82,6 @@ class Routing:
 ROUTINGS = ("released", "ours")
 #: How the experts and the router are initialised and activated (docs/widenet.md, "Experts").
 EXPERT_FORMS = ("released", "ours")
-#: How ``TopKRouter`` numbers each expert's assignments (the same slots either way): a running
-#: count over an (E, k·N) one-hot mask, or a stable sort of the expert ids in filling order with a
-#: count and a cumulative sum (MegaBlocks', torchtitan's).
-SLOTS = ("count", "sort")
 
 
 class TopKRouter(nn.Module):
@@ -100,16 +105,15 @@ class TopKRouter(nn.Module):
             m_i = assignments of expert i / N. N counts the real tokens.
         init (str): one of ``EXPERT_FORMS``: f's weight Xavier-uniform (``released``, Keras'
             Dense default) or nn.Linear's (``ours``).
-        slots (str): one of ``SLOTS``, how the slots are numbered (the same slots either way).
 
     Raises:
         ValueError: if E < 1, k is not in [1, E], C <= 0, the eval C < 0 (naming the flag), or the
-            routing, init or slots are unknown.
+            routing or init are unknown.
     """
 
     def __init__(self, embed_dim: int, num_experts: int, top_k: int, capacity_factor: float = 1.2,
                  eval_capacity_factor: float = 0.0, noise: bool = True, renormalize: bool = False,
-                 routing: str = "released", init: str = "released", slots: str = "count"):
+                 routing: str = "released", init: str = "released"):
         super().__init__()
         if num_experts < 1:
             raise ValueError(f"--moe-experts must be >= 1, got {num_experts}")
@@ -123,9 +127,6 @@ class TopKRouter(nn.Module):
             raise ValueError(f"--moe-routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
         if init not in EXPERT_FORMS:
             raise ValueError(f"--widenet-experts must be one of {', '.join(EXPERT_FORMS)}, got {init!r}")
-        if slots not in SLOTS:
-            raise ValueError(f"--moe-slots must be one of {', '.join(SLOTS)}, got {slots!r}")
-        self.slots = slots
         self.num_experts, self.top_k = num_experts, top_k
         self.capacity_factor, self.eval_capacity_factor = capacity_factor, eval_capacity_factor
         self.noise, self.renormalize, self.routing = noise, renormalize, routing
@@ -134,119 +135,81 @@ class TopKRouter(nn.Module):
             nn.init.xavier_uniform_(self.weight)
         else:
             nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's init
+        # (E, 1) expert ids, compared with the assignments at once; not saved with the model
+        self.register_buffer("ids", torch.arange(num_experts)[:, None], persistent=False)
 
     @property
     def released(self) -> bool:
         return self.routing == "released"
 
+    @property
+    def factor(self) -> float:
+        """C of the current mode (0: no limit)."""
+        return self.capacity_factor if self.training else self.eval_capacity_factor
+
     def capacity(self, num_tokens: int) -> int:
-        """B for this call, from the shapes alone (no host wait); without a limit, ``num_tokens``: no
-        expert gets more than one assignment per token, so every assignment fits (the expert buffers
-        of the capacity dispatches then hold E·N slots, E/k times the assignments)."""
-        factor = self.capacity_factor if self.training else self.eval_capacity_factor
-        if factor <= 0:
+        """B for ``num_tokens`` real tokens, from the shapes alone (no host wait); without a limit,
+        ``num_tokens``: no expert gets more than one assignment per token, so every assignment fits
+        (the expert buffers then hold E·N slots, E/k times the assignments)."""
+        if self.factor <= 0:
             return max(num_tokens, 1)
-        slots = factor * self.top_k * num_tokens / self.num_experts
+        slots = self.factor * self.top_k * num_tokens / self.num_experts
         return max(math.floor(slots) - 1 if self.released else math.ceil(slots), 1)
 
-    def device_capacity(self, num_tokens: Tensor) -> Optional[Tensor]:
-        """B of ``capacity`` as a 0-d tensor computed on the device from a 0-d count, without a
-        host wait (same float64 arithmetic, so the same B); None without a limit."""
-        factor = self.capacity_factor if self.training else self.eval_capacity_factor
-        if factor <= 0:
+    def limit(self, num_real: Tensor):
+        """The last 1-based slot kept, as ``capacity`` of the 0-d count ``num_real`` computed on the
+        device without a host wait (the same float64 arithmetic; a bound on an integer slot, so
+        ⌊s⌋ − 1 is s − 1); None without a limit."""
+        if self.factor <= 0:
             return None
-        slots = num_tokens.double() * (factor * self.top_k) / self.num_experts
-        return (slots.floor() - 1 if self.released else slots.ceil()).clamp_min(1)
+        slots = num_real.double() * (self.factor * self.top_k) / self.num_experts
+        return (slots - 1 if self.released else slots.ceil()).clamp_min(1)
 
-    def forward(self, x: Tensor, real: Optional[Tensor] = None) -> Routing:
-        """x: ``(N, d)`` tokens, in the order in which they compete for capacity -> ``Routing``.
+    def forward(self, x: Tensor, pad: Optional[Tensor] = None) -> Routing:
+        """x: ``(N, d)`` tokens, in the order in which they compete for capacity; ``pad`` ``(N,)``
+        bool, True at padding (None: none) -> ``Routing``.
 
-        Without ``real``, every row of x is a real token. With ``real`` (``(N,)`` bool, False at
-        padding), padding rows are routed but never kept nor counted, and no count is read on the
-        host: the buffers hold B slots for all N rows, of which the first B of the real tokens' count
-        per expert are used, so the same assignments are kept as without the padding rows.
+        Padding rows are routed but never kept nor counted, and no count is read on the host: the
+        buffers hold B slots for all N rows, of which the first B of the real tokens' count per
+        expert are used, so the same assignments are kept as without the padding rows.
         """
         E, k, N = self.num_experts, self.top_k, x.shape[0]
-        logits = F.linear(x.float(), self.weight.float())  # (N, E), fp32
+        with torch.autocast(x.device.type, enabled=False):  # autocast would run the product in half
+            logits = F.linear(x.float(), self.weight.float())  # (N, E), fp32
         if self.training and self.noise:
-            logits = logits + torch.randn_like(logits) / E
+            logits = logits.add(torch.randn_like(logits), alpha=1 / E)
         probs = logits.softmax(dim=-1)
-        gate, expert = probs.topk(k, dim=-1)  # (N, k)
+        gate, choice = probs.topk(k, dim=-1)  # (N, k)
         if self.renormalize:
             gate = gate / gate.sum(dim=-1, keepdim=True)
-        slot, loads = self.fill(expert, real)
-        # Routing's assignments are choice-major (all first choices, then all second choices, ...)
-        expert, gate = expert.t().reshape(-1), gate.t().reshape(-1)
-        token = torch.arange(N, device=x.device).repeat(k)
-        # Eqs. 3-5: m_i = share of the tokens (ours) or of the assignments (released) that expert i
-        # got (not differentiable), P_i = mean router probability of expert i over the same tokens.
-        share = k if self.released else 1
-        if real is None:
-            capacity = self.capacity(N)
-            kept, kept_load = slot < capacity, loads.clamp_max(capacity)
-            m = loads.float() / max(N * share, 1)
-            balance_loss = E * (m * probs.mean(dim=0)).sum() if N > 0 else probs.sum() * 0
-        else:
-            num_real = real.sum()
-            limit = self.device_capacity(num_real)
-            capacity = self.capacity(N)  # B for all N rows: an upper bound
-            kept = (slot >= 0) & (slot < (limit if limit is not None else capacity))
-            kept_load = loads.clamp_max(capacity) if limit is None else torch.minimum(loads, limit.long())
-            count = num_real.clamp_min(1).float()
-            m = loads.float() / (count * share)
-            balance_loss = E * (m * (probs * real[:, None]).sum(dim=0) / count).sum()
-        return Routing(expert, token, gate, slot, kept, capacity, E, balance_loss, kept_load)
+        padding = None if pad is None else pad[:, None]
+        # each expert's running count over the assignments in filling order: token-major for
+        # released (a token's choices go to different experts, so each expert sees the tokens in
+        # order), choice-major for ours; a padding row's choices are expert E, which no id matches
+        order = choice if padding is None else choice.masked_fill(padding, E)
+        order = order.reshape(-1) if self.released else order.t().reshape(-1)
+        chosen = order == self.ids  # (E, k·N); expert-major, so that the count scans the contiguous dim
+        count = chosen.cumsum(dim=1)
+        load = chosen.sum(dim=1)
+        num_real = N if pad is None else N - pad.sum()
+        capacity = self.capacity(N)  # B for all N rows: an upper bound
+        limit = self.limit(num_real) if pad is not None else self.capacity(N) if self.factor > 0 else None
+        kept = chosen if limit is None else chosen & (count <= limit)
+        position = ((count + self.ids * capacity) * kept).sum(dim=0)  # 1-based buffer row, 0: not kept
+        if not self.released:  # to token-major
+            position = position.view(k, N).t().reshape(-1)
+        return Routing(choice, gate, position, capacity, E, self.balance_loss(probs, padding, load, num_real),
+                       load, kept.sum(dim=1))
 
-    def fill(self, expert: Tensor, real: Optional[Tensor]) -> tuple:
-        """Each assignment's position in its expert's buffer, choice-major ``(k·N,)``, -1 for padding,
-        and the assignments per expert ``(E,)``, from the ``(N, k)`` choices: one running count per
-        expert over the assignments in filling order, token-major for ``released`` (a token's
-        choices go to different experts, so each expert sees the tokens in order), choice-major
-        for ``ours``."""
-        N, k = expert.shape
-        order = expert.reshape(-1) if self.released else expert.t().reshape(-1)
-        real_order = None
-        if real is not None:
-            real_order = real.repeat_interleave(k) if self.released else real.repeat(k)
-        slot, loads = (self.sorted_slots if self.slots == "sort" else self.counted_slots)(order, real_order)
-        if self.released:
-            slot = slot.view(N, k).t().reshape(-1)
-        return slot, loads
-
-    def counted_slots(self, order: Tensor, real_order: Optional[Tensor]) -> tuple:
-        """Slots ``(k·N,)`` in filling order (-1 for padding) and loads ``(E,)`` by a running count."""
-        E = self.num_experts
-        # (E, k·N), expert-major: each expert's running count is then a scan along the contiguous
-        # last dim (the scan down the first dim of a (k·N, E) one-hot took 2.7 of the layer's ~5 ms
-        # on an H100 at 8,192 tokens, docs/records/gpu_runs.md); F.one_hot would check its input on the host
-        chosen = torch.arange(E, device=order.device)[:, None] == order[None, :]
-        if real_order is not None:
-            chosen = chosen & real_order[None, :]  # padding takes no slot and adds no load
-        slot = chosen.cumsum(dim=1).gather(0, order[None, :]).squeeze(0) - 1
-        if real_order is not None:
-            slot = slot.masked_fill(~real_order, -1)
-        return slot, chosen.sum(dim=1)
-
-    def sorted_slots(self, order: Tensor, real_order: Optional[Tensor]) -> tuple:
-        """``counted_slots`` by a stable sort of the expert ids (padding as expert E, after every
-        real one): an assignment's slot is its rank in its expert's run of the sorted ids, so the
-        filling order decides it as the running count does; O(k·N) memory instead of O(E·k·N)."""
-        E, A = self.num_experts, order.numel()
-        key = order if real_order is None else order.masked_fill(~real_order, E)
-        sorted_key, perm = torch.sort(key, stable=True)
-        first = runs(sorted_key, E)
-        rank = torch.arange(A, device=order.device) - first.index_select(0, sorted_key)
-        slot = torch.empty_like(rank).scatter_(0, perm, rank)
-        if real_order is not None:
-            slot = slot.masked_fill(~real_order, -1)
-        return slot, first[1:] - first[:-1]
-
-
-def runs(sorted_ids: Tensor, n: int) -> Tensor:
-    """``(n + 1,)`` the first position of each id 0..n in ``sorted_ids`` (ascending, ids in [0, n]):
-    a count and a cumulative sum by binary search, without atomic adds or a host wait (bincount
-    would wait, scatter_add adds atomically)."""
-    return torch.searchsorted(sorted_ids, torch.arange(n + 1, device=sorted_ids.device, dtype=sorted_ids.dtype))
+    def balance_loss(self, probs: Tensor, padding: Optional[Tensor], load: Tensor, num_real) -> Tensor:
+        """Eqs. 3-5: l = E · Σ_i m_i P_i, m_i the share of the tokens (ours) or of the assignments
+        (released) that expert i got (not differentiable), P_i the mean router probability of
+        expert i over the same real tokens: E / (share · n²) · Σ_i load_i · Σ_t p_i(t)."""
+        weighted = ((probs if padding is None else probs.masked_fill(padding, 0.0)) * load).sum()
+        scale = self.num_experts / (self.top_k if self.released else 1)
+        if isinstance(num_real, int):
+            return weighted * (scale / max(num_real, 1) ** 2)
+        return weighted * scale / num_real.clamp_min(1).square()
 
 
 class ExpertForm:
@@ -282,8 +245,7 @@ class ExpertForm:
 def activation(name: str):
     """fairseq's activation ``name``, but ``gelu_accurate`` (the tanh approximation
     0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the released code's ``gelu``) as torch's own kernel,
-    the same formula: fairseq's sets an attribute on itself at its first call, which breaks
-    ``torch.compile``'s graph (``--moe-compile``) there, and runs seven elementwise operators."""
+    the same formula: fairseq's runs seven elementwise operators."""
     if name == "gelu_accurate":
         return partial(F.gelu, approximate="tanh")
     return utils.get_activation_fn(name)
@@ -314,14 +276,6 @@ class Experts(nn.Module, ExpertForm):
     def forward(self, buffer: Tensor) -> Tensor:
         return self.ffn(buffer)
 
-    def grouped(self, rows: Tensor, offsets: Tensor, group: Tensor) -> Tensor:
-        """The experts on rows sorted by expert: ``rows`` ``(M, d)``, expert i's rows ending at
-        ``offsets[i]`` (``(E,)`` int32, the last below M), ``group`` ``(M,)`` each row's expert, E past
-        the last group -> ``(M, d)``; the rows past ``offsets[-1]`` are left undefined
-        (``BatchedLinear.grouped``)."""
-        member = group[:, None] == torch.arange(self.fc1.weight.shape[0], device=group.device)  # (M, E)
-        return self.ffn(rows, lambda layer, h: layer.grouped(h, offsets, member))
-
 
 #: The released code's expert biases: Keras' RandomNormal(stddev=1e-6).
 RELEASED_BIAS_STD = 1e-6
@@ -333,72 +287,23 @@ def released_init(released: bool) -> dict:
     return {"xavier_gain": 1.0, "bias_std": RELEASED_BIAS_STD} if released else {}
 
 
-class GatherRows(torch.autograd.Function):
-    """``cat(x, 0)[index]`` whose backward is another gather, ``cat(grad, 0)[inverse]`` summed over
-    ``fold`` consecutive blocks, instead of index_select's scatter-add: no atomic adds, and no row
-    written twice in either pass (the row past the end of x is the zero row, read as often as needed).
-
-    ``GatherRows.apply(x, index, inverse, fold, zero_row=True)`` -> ``(m, d)``, with x ``(n, d)``;
-    index ``(m,)`` rows of x, n meaning a zero row; inverse ``(fold·n,)``, for each row of x (``fold``
-    copies of it, block-major) the output row it went to, m meaning none, every output row appearing
-    at most once; fold the copies of each row of x in the output (k for the MoE dispatch, 1 for a
-    permutation). ``zero_row=False`` where index never reaches n: ``x[index]``, x not copied first.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor, fold: int, zero_row: bool = True) -> Tensor:
-        ctx.save_for_backward(inverse)
-        ctx.fold = fold
-        return (torch.cat([x, x.new_zeros(1, x.shape[1])]) if zero_row else x).index_select(0, index)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (inverse,) = ctx.saved_tensors
-        rows = torch.cat([grad, grad.new_zeros(1, grad.shape[1])]).index_select(0, inverse)
-        return rows.view(ctx.fold, -1, grad.shape[1]).sum(dim=0), None, None, None, None
-
-
-#: How ``MoELayer`` moves tokens into the expert buffers and back (docs/widenet.md, "Dispatch").
-DISPATCH = ("index", "padded", "permute", "grouped")
-
-
 class MoELayer(nn.Module):
     """Mixture of experts (Eq. 1): a ``TopKRouter`` in front of ``Experts``.
 
-    Dispatch and combine (``dispatch``, the same outputs and gradients whichever is chosen):
-
-    * ``index``: the rows of the real tokens found with ``nonzero`` (a host wait: their number N
-      sets the buffers' capacity B), the kept assignments copied into an ``(E, B, d)`` buffer with one
-      ``index_copy`` and the gated expert outputs summed back per token with one ``index_add``;
-    * ``padded``: the same copies over all T·B rows, padding routed but never kept (no host wait:
-      B is sized for T·B rows, the capacity limit of the real tokens applied on the device);
-    * ``permute``: as ``padded``, but tokens move by gathers whose backward is a gather too
-      (``GatherRows``; MegaBlocks' and ScatterMoE's permutation by expert): no atomic adds;
-    * ``grouped``: no capacity-sized buffers: the kept assignments sorted by expert, the dropped
-      ones after the last group, and each expert layer one grouped matrix product over all experts
-      (torch's ``F.grouped_mm``).
+    Dispatch and combine without a host wait: every row of the batch is routed (padding never
+    kept), the kept assignments copied into capacity-sized expert buffers (``(E, B, d)``) with one
+    ``index_copy``, the dropped ones to a spare row, and the gated expert outputs gathered back
+    with one ``index_select`` (the spare row read as zeros) and summed over each token's k choices.
 
     Router and experts are separate modules so that blocks can share the experts with or without
     the router (WideNet and its per-block-router variant).
 
-    With ``compiled``, each call that routes runs routing, dispatch, experts and combine as one
-    region compiled by ``torch.compile`` with dynamic shapes (``route_and_move``), so that
-    fairseq's varying batch shapes reuse one graph; the same outputs and gradients (within fp32
-    rounding; on the default backend, router noise and dropout come from the compiler's random
-    numbers, unless ``torch._inductor.config.fallback_random``).
-
     Args:
         router (TopKRouter): E, K and the capacity factors.
         experts (Experts): E experts.
-        dispatch (str): one of ``DISPATCH``.
-        compiled (bool): route and move in one compiled region; with ``padded`` only (``index``
-            waits for the host, ``permute``'s autograd function and ``grouped``'s product, which
-            traces in bf16 only, do not compile with dynamic shapes in this torch).
 
     Raises:
-        ValueError: if the router and the experts disagree on E, ``dispatch`` is unknown, or
-            ``compiled`` goes with another dispatch than ``padded``.
-        RuntimeError: for ``grouped`` under a torch without ``F.grouped_mm``, naming the release.
+        ValueError: if the router and the experts disagree on E.
 
     Shapes:
         ``forward(x, padding_mask=None, routing=None)``: x ``(T, B, d)``, padding_mask ``(B, T)``
@@ -406,18 +311,11 @@ class MoELayer(nn.Module):
         ``routing`` reuses another call's decision (routing groups) instead of routing again.
     """
 
-    def __init__(self, router: TopKRouter, experts: Experts, dispatch: str = "padded", compiled: bool = False):
+    def __init__(self, router: TopKRouter, experts: Experts):
         super().__init__()
         if experts.fc1.weight.shape[0] != router.num_experts:
             raise ValueError(f"router has {router.num_experts} experts, Experts has {experts.fc1.weight.shape[0]}")
-        if dispatch not in DISPATCH:
-            raise ValueError(f"--moe-dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
-        if compiled and dispatch != "padded":
-            raise ValueError(f"--moe-compile needs --moe-dispatch padded, got {dispatch}")
-        if dispatch == "grouped" and not hasattr(F, "grouped_mm"):
-            raise RuntimeError(f"--moe-dispatch grouped needs torch.nn.functional.grouped_mm, which torch "
-                               f"{torch.__version__} lacks (torch 2.11, the lowest release this package has run with, has it)")
-        self.router, self.experts, self.dispatch, self.compiled = router, experts, dispatch, compiled
+        self.router, self.experts = router, experts
 
     @property
     def drops_output(self) -> bool:
@@ -430,149 +328,19 @@ class MoELayer(nn.Module):
         # (batch, tokens, d) input flattened), fairseq's T x B order for ours
         batch_major = self.router.released
         flat = (x.transpose(0, 1) if batch_major else x).reshape(T * B, d)
-        pad = None if padding_mask is None else (padding_mask if batch_major else padding_mask.t()).reshape(-1)
-        if self.dispatch == "index":
-            y, routing = self.index_dispatch(flat, pad, routing)
-        else:
-            if routing is None and self.compiled:
-                y, fields = compiled_region()(self, flat, pad)
-                routing = Routing(*fields)
-            else:
-                if routing is None:
-                    routing = self.router(flat, None if pad is None else ~pad)
-                y = self.move(flat, routing)
+        if routing is None:
+            pad = None if padding_mask is None else (padding_mask if batch_major else padding_mask.t()).reshape(-1)
+            routing = self.router(flat, pad)
+        y = self.move(flat, routing)
         return (y.view(B, T, d).transpose(0, 1) if batch_major else y.view(T, B, d)), routing
 
     def move(self, tokens: Tensor, routing: Routing) -> Tensor:
-        """Dispatch, experts and combine of the no-wait dispatches: ``(N, d)`` -> ``(N, d)``;
-        ``grouped`` where torch's grouped product is fast (``fast_grouped_mm``), else ``padded``."""
-        dispatch = self.dispatch
-        if dispatch == "grouped" and not fast_grouped_mm(tokens, self.experts.fc1.weight.shape[-1]):
-            dispatch = "padded"
-        return {"permute": self.permuted, "grouped": self.grouped}.get(dispatch, self.copied)(tokens, routing)
-
-    def index_dispatch(self, flat: Tensor, pad: Optional[Tensor], routing: Optional[Routing]):
-        # flattened batch -> rows of the non-padding tokens (``pad``: (N,) True at padding)
-        rows = None
-        if pad is not None:
-            # the one wait for the GPU per call: the number of real tokens N sets the buffers' shape
-            # (capacity B); an "any padding?" check first would be a second
-            rows = (~pad).nonzero().squeeze(1)
-        tokens = flat.index_select(0, rows) if rows is not None else flat
-        if routing is None:
-            routing = self.router(tokens)
-        y = self.copied(tokens, routing)
-        if rows is not None:
-            y = y.new_zeros(flat.shape).index_copy(0, rows, y)  # the experts' dtype (half under autocast)
-        return y, routing
-
-    def copied(self, tokens: Tensor, routing: Routing) -> Tensor:
-        """``index_copy`` into the buffers, ``index_add`` back: ``(N, d)`` -> ``(N, d)``."""
-        E, cap, d = routing.num_experts, routing.capacity, tokens.shape[1]
-        # Dropped assignments are written to a spare row past the E x B buffer and read back with a
-        # gate of 0, rather than filtered out: filtering (nonzero) waits for the GPU on every call.
-        where = torch.where(routing.kept, routing.expert * cap + routing.slot, E * cap)  # flat buffer position
-        buffer = tokens.new_zeros(E * cap + 1, d).index_copy(0, where, tokens.index_select(0, routing.token))
-        out = self.experts(buffer[:-1].view(E, cap, d)).view(E * cap, d)
-        weighted = out.index_select(0, where.clamp_max(E * cap - 1)) * routing.kept_gate(out.dtype)[:, None]
-        # in the experts' output dtype: under autocast (--amp) the tokens are fp32, the outputs half
-        return weighted.new_zeros(tokens.shape).index_add(0, routing.token, weighted)
-
-    def permuted(self, tokens: Tensor, routing: Routing) -> Tensor:
-        """Gathers both ways (``GatherRows``): ``(N, d)`` -> ``(N, d)``."""
-        E, cap, (N, d), k = routing.num_experts, routing.capacity, tokens.shape, self.router.top_k
-        A, slots = routing.expert.numel(), E * cap
-        # each assignment's buffer slot (dropped ones each a spare slot of their own, so that no index
-        # repeats), then each slot's assignment (A: empty) and its token (N: empty)
-        arange = torch.arange(A, device=tokens.device)
-        target = torch.where(routing.kept, routing.expert * cap + routing.slot, slots + arange)
-        assignment = torch.full((slots + A,), A, dtype=torch.long, device=tokens.device).scatter(0, target, arange)
-        assignment = assignment[:slots]
-        source = torch.where(assignment < A, routing.token.index_select(0, assignment.clamp_max(A - 1)), N)
-        position = target.clamp_max(slots)  # slots: the zero row
-        buffer = GatherRows.apply(tokens, source, position, k)
-        out = self.experts(buffer.view(E, cap, d)).view(slots, d)
-        per_assignment = GatherRows.apply(out, position, assignment, 1)  # (A, d), 0 where dropped
-        return (per_assignment * routing.kept_gate(out.dtype)[:, None]).view(k, N, d).sum(dim=0)
-
-    def grouped(self, tokens: Tensor, routing: Routing) -> Tensor:
-        """Assignments sorted by expert through the experts' grouped products: ``(N, d)`` -> ``(N, d)``.
-
-        Each kept assignment's row in expert order is its expert's start plus its slot (no sort);
-        the dropped ones follow the last group in their order, with one spare row, so that the last
-        group ends before the rows do (F.grouped_mm's condition). Rows past the last group are
-        undefined in both passes of the product, so they are never read: tokens move by gathers
-        both ways (``GatherRows``), a dropped assignment's row (its own token, copied once) gets no
-        gradient, and its output is the zero row."""
-        E, (N, d), k = routing.num_experts, tokens.shape, self.router.top_k
-        A, kept = routing.expert.numel(), routing.kept
-        if A == 0:  # no token: no group to multiply (a shape, not a host read)
-            return tokens.new_zeros(tokens.shape)
-        ends = routing.kept_load.cumsum(0)
-        starts, arange = ends - routing.kept_load, torch.arange(A, device=kept.device)
-        row = torch.where(kept, starts.index_select(0, routing.expert) + routing.slot,
-                          ends[-1] + (~kept).cumsum(0) - 1)  # (A,), a permutation of 0..A-1
-        assignment = torch.empty_like(row).scatter_(0, row, arange)
-        source = torch.cat([routing.token.index_select(0, assignment), routing.token[:1]])  # the spare: any token
-        inverse = torch.where(kept, row, A + 1)  # dropped rows' gradients are not read back
-        rows = GatherRows.apply(tokens, source, inverse, k, False)
-        group = torch.cat([torch.where(kept, routing.expert, E).index_select(0, assignment), row.new_full((1,), E)])
-        out = self.experts.grouped(rows, ends.to(torch.int32), group)  # (A + 1, d)
-        taken = torch.full((A + 1,), A, dtype=row.dtype, device=row.device).scatter_(
-            0, row, torch.where(kept, arange, A))  # each row's kept assignment, A: none
-        per_assignment = GatherRows.apply(out, torch.where(kept, row, A + 1), taken, 1)  # (A, d), 0 where dropped
-        return (per_assignment * routing.kept_gate(out.dtype)[:, None]).view(k, N, d).sum(dim=0)
-
-
-#: The GPU architectures (compute capability major) on which ``grouped`` runs torch's own bf16
-#: grouped-product kernel: Hopper. Elsewhere, and in every other dtype, torch falls back to a loop
-#: over the groups that copies the group ends to the host (a wait per grouped product: 2 per MoE
-#: call forward, 6 backward with the biases' gradients); on SM 10.x the kernel is reported to give non-zero weight gradients to empty groups
-#: (pytorch/pytorch#172439), and an expert without a kept token is common, so 10.x is left out.
-FAST_GROUPED_MM_SM = (9,)
-_warned_grouped_fallback = False
-
-
-def fast_grouped_mm(tokens: Tensor, ffn_dim: int) -> bool:
-    """Whether ``--moe-dispatch grouped`` runs torch's fast grouped product on ``tokens`` ``(N, d)``
-    through experts of hidden width ``ffn_dim``: CUDA (not ROCm), a device of ``FAST_GROUPED_MM_SM``,
-    bf16 (the tokens' dtype, or autocast's where it is on), d and ``ffn_dim`` multiples of 8 (the
-    kernel's 16-byte strides). If not, warns once per process that ``padded`` (the same outputs)
-    runs instead, naming what grouped needs: whether it can run is known only at the first call
-    (fairseq builds the model on the CPU, and --fp16, --bf16 and --amp are the trainer's)."""
-    global _warned_grouped_fallback
-    device, d = tokens.device.type, tokens.shape[-1]
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tokens.dtype
-    fast = (device == "cuda" and torch.version.hip is None and dtype == torch.bfloat16
-            and d % 8 == 0 and ffn_dim % 8 == 0
-            and torch.cuda.get_device_capability(tokens.device)[0] in FAST_GROUPED_MM_SM)
-    if not fast and not _warned_grouped_fallback:
-        _warned_grouped_fallback = True
-        where = torch.cuda.get_device_name(tokens.device) if device == "cuda" else device
-        warnings.warn(f"--moe-dispatch grouped needs bf16 (--bf16, or bf16 autocast; fairseq's --amp is fp16) on a "
-                      f"CUDA GPU of compute capability {' or '.join(f'{m}.x' for m in FAST_GROUPED_MM_SM)} (Hopper), "
-                      f"with d and the experts' FFN width multiples of 8, for torch's grouped product; here ({where}, "
-                      f"{dtype}, d = {d}, FFN {ffn_dim}) torch would loop over the experts with host waits or fail, so "
-                      f"the padded dispatch runs instead (the same outputs and gradients)")
-    return fast
-
-
-def route_and_move(moe: MoELayer, flat: Tensor, pad: Optional[Tensor]) -> tuple:
-    """One MoE call without a given routing: ``flat`` ``(N, d)``, ``pad`` ``(N,)`` True at padding ->
-    (``(N, d)`` output, the routing's fields), the region ``MoELayer`` compiles."""
-    routing = moe.router(flat, None if pad is None else ~pad)
-    return moe.move(flat, routing), routing.as_tuple()
-
-
-#: ``torch.compile``'s backend for ``compiled_region`` (the tests use ``aot_eager``: the same
-#: graph capture and guards, no code generation).
-COMPILE_BACKEND = "inductor"
-_COMPILED = {}
-
-
-def compiled_region():
-    """``route_and_move`` compiled once per backend, with dynamic shapes (a new batch shape
-    reuses the graph; a recompilation would capture a new one)."""
-    if COMPILE_BACKEND not in _COMPILED:
-        _COMPILED[COMPILE_BACKEND] = torch.compile(route_and_move, dynamic=True, backend=COMPILE_BACKEND)
-    return _COMPILED[COMPILE_BACKEND]
+        """Dispatch, experts and combine: ``(N, d)`` -> ``(N, d)``."""
+        E, cap, (N, d), k = routing.num_experts, routing.capacity, tokens.shape, routing.choice.shape[1]
+        assignments = tokens.repeat(1, k).view(N * k, d)  # token-major, as routing.position
+        buffer = tokens.new_zeros(E * cap + 1, d).index_copy_(0, routing.position, assignments)
+        out = self.experts(buffer[1:].view(E, cap, d)).view(E * cap, d)
+        # row 0 of the gathered outputs: zeros, for the dropped and padding assignments (their gate
+        # then gets no gradient either); in the experts' dtype (half under autocast)
+        rows = F.pad(out, (0, 0, 1, 0)).index_select(0, routing.position).view(N, k, d)
+        return (rows * routing.gate[..., None].to(out.dtype)).sum(dim=1)

@@ -15,6 +15,7 @@ With all three off, ``PartialAttention`` is fairseq's ``MultiheadAttention`` (sa
 names, same result).
 """
 import math
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -187,6 +188,21 @@ class GlobalAttentionLogits(nn.Module):
 
 #: How ``PartialAttention`` computes its attention (docs/partialformer.md, "Attention kernel").
 KERNELS = ("auto", "explicit", "sdpa")
+#: The environment variable that chooses the kernel for a process (default ``auto``): a way to run,
+#: not a property of the model, so no checkpoint stores it.
+KERNEL_VARIABLE = "PARTIALFORMER_ATTENTION_KERNEL"
+
+
+def process_kernel() -> str:
+    """The kernel ``KERNEL_VARIABLE`` names (``auto`` where unset).
+
+    Raises:
+        ValueError: naming the variable, for a value not in ``KERNELS``.
+    """
+    kernel = os.environ.get(KERNEL_VARIABLE) or "auto"
+    if kernel not in KERNELS:
+        raise ValueError(f"{KERNEL_VARIABLE} must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    return kernel
 
 
 @with_incremental_state
@@ -208,7 +224,8 @@ class PartialAttention(nn.Module):
         dropout (float): attention-probability dropout.
         self_attention (bool): keys and values from the query (decoding appends to the cache) or
             from ``key`` (computed once when decoding).
-        kernel (str): how the attention is computed, the same outputs (``KERNELS``): ``auto``
+        kernel (str, optional): how the attention is computed, the same outputs (``KERNELS``;
+            default: ``process_kernel()``): ``auto``
             SDPA unless the logits go through head scaling or the weights are returned (then the
             explicit softmax); ``explicit`` the explicit softmax always; ``sdpa`` SDPA always, the
             head-scaled logits as its additive mask (``bias_attention``).
@@ -220,7 +237,7 @@ class PartialAttention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, qk_heads: int, num_heads: int, head_dim: int, pg_ffn: Optional[PGFFN] = None,
-                 kdim: Optional[int] = None, dropout: float = 0.0, self_attention: bool = True, kernel: str = "auto",
+                 kdim: Optional[int] = None, dropout: float = 0.0, self_attention: bool = True, kernel: Optional[str] = None,
                  zero_bias: bool = True):
         super().__init__()
         if min(embed_dim, qk_heads, num_heads, head_dim) <= 0:
@@ -228,8 +245,9 @@ class PartialAttention(nn.Module):
                              f"d_k={head_dim}")
         if num_heads < qk_heads:
             raise ValueError(f"H = {num_heads} heads must be >= the H_0 = {qk_heads} Q/K heads")
+        kernel = kernel or process_kernel()
         if kernel not in KERNELS:
-            raise ValueError(f"--partial-attention-kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+            raise ValueError(f"the attention kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
         self.kernel = kernel
         self.qk_heads, self.num_heads, self.head_dim = qk_heads, num_heads, head_dim
         self.dropout, self.self_attention = dropout, self_attention

@@ -211,17 +211,17 @@ def test_checkpoints_from_before_the_released_codes_default_rebuild_as_trained()
 
 
 @pytest.mark.parametrize("kernel", ["explicit", "sdpa"])
-def test_every_attention_kernel_gives_the_same_loss_and_gradients(kernel):
-    """``--partial-attention-kernel`` (docs/partialformer.md, "Fidelity") against ``auto``, in training
+def test_every_attention_kernel_gives_the_same_loss_and_gradients(kernel, monkeypatch):
+    """``PARTIALFORMER_ATTENTION_KERNEL`` (docs/partialformer.md, "Fidelity") against ``auto``, in training
     with residual and activation dropout (attention dropout off: SDPA's draws other random numbers),
     head scaling in the encoder (H 6 > H_0 4) and none in the decoder (H = H_0), right-padded
     targets; the operators show which kernel ran."""
     results = {}
     for name in ("auto", kernel):
+        monkeypatch.setenv("PARTIALFORMER_ATTENTION_KERNEL", name)
         torch.manual_seed(0)
         model = build_model("partialformer_tiny", ["--dropout", "0.3", "--attention-dropout", "0", "--activation-dropout",
-                                                   "0.2", "--decoder-heads", "4", "--partial-attention-kernel", name],
-                            vocab_size=VOCAB).train()
+                                                   "0.2", "--decoder-heads", "4"], vocab_size=VOCAB).train()
         src, lengths, prev = right_padded_batch()
         torch.manual_seed(1)
         with OperatorCounter() as counter:
@@ -235,6 +235,12 @@ def test_every_attention_kernel_gives_the_same_loss_and_gradients(kernel):
         torch.testing.assert_close(grads_k[name], grad, atol=1e-5, rtol=1e-5, msg=name)
     # auto: the encoder's head-scaled attentions explicit; explicit: every one; sdpa: none
     assert 0 < explicit_auto and (explicit_k > explicit_auto if kernel == "explicit" else explicit_k == 0)
+
+
+def test_an_unknown_attention_kernel_is_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("PARTIALFORMER_ATTENTION_KERNEL", "flash")
+    with pytest.raises(ValueError, match="PARTIALFORMER_ATTENTION_KERNEL must be one of auto, explicit, sdpa, got 'flash'"):
+        build_model("partialformer_tiny", [], vocab_size=VOCAB)
 
 
 @pytest.mark.parametrize("init", ["released", "ours"])

@@ -1,6 +1,5 @@
 """widenet (Xue et al. 2022): sharing across blocks, ablations, routing groups, criterion, configs,
 the experts and router as the released code builds them."""
-import contextlib
 import math
 import re
 from types import SimpleNamespace
@@ -16,8 +15,6 @@ from fairseq_widearch.model_builder import build_model, dummy_dictionary
 from fairseq_widearch.models.widenet import DenseFFN
 from fairseq_widearch.modules.moe import Routing
 from testing_utils import benchmark, train
-
-pytestmark = pytest.mark.usefixtures("grouped_runs_here")  # conftest.py
 
 VOCAB = 40
 
@@ -156,9 +153,6 @@ def test_criterion_adds_lambda_times_the_summed_balance_losses():
     (["--moe-experts", "0"], "--moe-experts must be a positive integer, got 0"),
     (["--moe-capacity-factor", "0"], "--moe-capacity-factor must be > 0, got 0.0"),
     (["--moe-eval-capacity-factor", "-1"], "--moe-eval-capacity-factor must be >= 0"),
-    (["--moe-compile", "--moe-dispatch", "grouped"], "--moe-compile needs --moe-dispatch padded, got grouped"),
-    (["--widenet-dense-ffn", "--moe-slots", "sort"], "--moe-slots sort concerns the MoE layer"),
-    (["--widenet-dense-ffn", "--moe-compile"], "--moe-compile True concerns the MoE layer"),
 ])
 def test_invalid_configs_fail_at_build_time_naming_the_flag(flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -200,85 +194,22 @@ def test_router_per_block_with_routing_groups_gives_routers_to_routing_blocks_on
     assert [name for name, p in grouped.named_parameters() if p.grad is None] == []
 
 
-@pytest.mark.parametrize("dispatch", ["index", "padded", "permute", "grouped"])
-def test_routing_statistics_count_the_real_tokens_only(dispatch):
+def test_routing_statistics_count_the_real_tokens_only():
     """``moe_dropped`` and ``moe_load`` over a padded batch in training (capacity applies, C = 0.5:
-    some assignments dropped) equal those of the same sentences with more padding, whichever the
-    dispatch (``padded`` and ``permute`` route the padding rows too, never keeping them). Dropout 0:
-    its masks depend on the batch's shape, and with them the routing."""
+    some assignments dropped) equal those of the same sentences with more padding (the padding rows
+    are routed too, never kept nor counted). Dropout 0: its masks depend on the batch's shape, and
+    with them the routing."""
     src, lengths, _ = batch()
     padded_src = torch.cat([torch.ones(3, 4, dtype=src.dtype), src], dim=1)  # four more left-padding steps
     stats = []
     for tokens in (src, padded_src):
         torch.manual_seed(0)
-        model = make_model("--moe-dispatch", dispatch, "--moe-capacity-factor", "0.5", "--moe-no-router-noise",
-                           "--dropout", "0").train()
+        model = make_model("--moe-capacity-factor", "0.5", "--moe-no-router-noise", "--dropout", "0").train()
         out = model.encoder(tokens, src_lengths=lengths)
         stats.append({key: torch.stack(out[key]) for key in ("moe_dropped", "moe_load")})
     assert (stats[0]["moe_dropped"] > 0).all()
     for key in ("moe_dropped", "moe_load"):
         torch.testing.assert_close(stats[1][key], stats[0][key], atol=1e-6, rtol=1e-6)
-
-
-@pytest.mark.parametrize("candidate", [["--moe-slots", "sort"], ["--moe-dispatch", "grouped"],
-                                       ["--moe-dispatch", "grouped", "--moe-slots", "sort"]])
-def test_every_moe_candidate_trains_the_model_as_the_default(candidate):
-    """The whole model, training mode with router noise (seeded alike), on a padded batch with
-    assignments dropped (C = 0.5): the same loss, balance losses and gradients as the defaults
-    (``padded`` dispatch, counted slots), within fp32 rounding. Dropout off: the candidates' buffers
-    differ in shape, so dropout would draw other masks."""
-    src, lengths, prev = batch()
-    results = []
-    for flags in ([], candidate):
-        torch.manual_seed(0)
-        model = make_model("--moe-capacity-factor", "0.5", "--dropout", "0", "--activation-dropout", "0",
-                           "--attention-dropout", "0", *flags).train()
-        torch.manual_seed(1)
-        logits, extra = model(src, lengths, prev)
-        balance = torch.stack(extra["moe_balance_loss"])
-        (logits.float().pow(2).mean() + balance.sum()).backward()
-        results.append((logits, balance, torch.stack(extra["moe_dropped"]),
-                        {name: p.grad for name, p in model.named_parameters() if p.grad is not None}))
-    (ref_logits, ref_balance, ref_dropped, ref_grads), (logits, balance, dropped, grads) = results
-    assert (ref_dropped > 0).any() and torch.equal(dropped, ref_dropped)
-    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(balance, ref_balance, atol=1e-6, rtol=1e-6)
-    assert grads.keys() == ref_grads.keys()
-    for name, grad in ref_grads.items():
-        torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
-
-
-def expert_weight_casts(model, src, lengths, prev):
-    """The casts of an expert weight (fp32 -> bf16, 3-D) in a forward + backward under bf16 autocast."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    shapes = {tuple(m.weight.shape) for m in model.modules() if type(m).__name__ == "BatchedLinear"}
-    casts = []
-
-    class Casts(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func is torch.ops.aten._to_copy.default and tuple(args[0].shape) in shapes and \
-                    args[0].dtype == torch.float32 and kwargs.get("dtype") == torch.bfloat16:
-                casts.append(tuple(args[0].shape))
-            return func(*args, **kwargs)
-
-    with Casts(), torch.autocast("cpu", dtype=torch.bfloat16):
-        logits, extra = model(src, lengths, prev)
-        logits.float().mean().backward()
-    return len(casts)
-
-
-def test_grouped_casts_the_shared_experts_once_per_forward_pass_under_autocast(monkeypatch):
-    """bf16 autocast over fp32 parameters (a user's own loop or hub call; fairseq's ``--amp`` is fp16,
-    where grouped runs padded, whose bmm autocast casts itself): each stack's experts, shared by all
-    its blocks, cast to bf16 once per forward pass (two layers, encoder and decoder: four casts),
-    not once per block (``casts_once``; F.grouped_mm is outside autocast's own cast cache)."""
-    from fairseq_widearch.models import widenet
-    torch.manual_seed(0)
-    model = make_model("--moe-dispatch", "grouped").train()
-    assert expert_weight_casts(model, *batch()) == 4
-    monkeypatch.setattr(widenet, "casts_once", lambda module: contextlib.nullcontext())
-    assert expert_weight_casts(model, *batch()) == 2 * (3 + 2)  # each block's call
 
 
 @torch.no_grad()
@@ -425,15 +356,19 @@ def test_dropout_positions_in_the_moe_sublayer(form):
     assert {name: p for name, (p, _) in fired.items()} == expected
 
     routing, E, act = Routing(*fields), experts.fc1.weight.shape[0], experts.activation_fn
-    cap, d = routing.capacity, x.shape[-1]
+    cap, d, k = routing.capacity, x.shape[-1], routing.choice.shape[1]
     flat = layer.moe_layer_norm(x).transpose(0, 1).reshape(-1, d)  # the released routing's batch-major order
-    where = torch.where(routing.kept, routing.expert * cap + routing.slot, E * cap)
-    buffer = flat.new_zeros(E * cap + 1, d).index_copy(0, where, flat[routing.token])[:-1].view(E, cap, d)
+    # choice-major, as routing.kept, expert and token: each kept assignment's row of the (E·cap, d) buffers
+    kept = routing.kept
+    row = routing.position.view(-1, k).t().reshape(-1)[kept] - 1
+    token, gate = routing.token[kept], routing.gate.t().reshape(-1)[kept]
+    assert torch.equal(row // cap, routing.expert[kept])  # each in its expert's buffer
+    buffer = flat.new_zeros(E * cap, d).index_copy(0, row, flat[token]).view(E, cap, d)
     inner = experts.fc2(act(experts.fc1(buffer)) * fired["first"][1])
     if form == "released":
         inner = act(inner) * fired["expert_output"][1]
-    gated = inner.reshape(E * cap, d)[where.clamp_max(E * cap - 1)] * routing.kept_gate(inner.dtype)[:, None]
-    combined = flat.new_zeros(flat.shape).index_add(0, routing.token, gated).view(3, 6, d).transpose(0, 1)
+    gated = inner.reshape(E * cap, d)[row] * gate[:, None]
+    combined = flat.new_zeros(flat.shape).index_add(0, token, gated).view(3, 6, d).transpose(0, 1)
     if form == "ours":
         combined = combined * fired["block"][1]
     assert (combined == 0).float().mean() > 0.2  # the masks dropped something
@@ -495,37 +430,13 @@ def test_a_checkpoint_saved_before_the_released_defaults_loads_as_it_was_trained
     assert saved(arch="transformer", moe_experts=4) == (None, None)
 
 
-@pytest.mark.slow
-def test_moe_compile_keeps_its_graphs_over_real_batches_in_training_validation_and_decoding(multi30k_bin,
-                                                                                            monkeypatch):
-    """``--moe-compile`` over real batches of varying shapes (benchmarks/moe_recompiles.py, graph
-    capture by ``aot_eager``): training compiles (at least one graph, at most one per stack's shared
-    MoE layer), and neither training nor a validation pass, batches without padding (which reuse the
-    graph of the padded ones) or incremental decoding with 5 hypotheses per sentence captures a graph
-    after its first batch (a recompilation) or breaks one."""
-    from fairseq_widearch.modules import moe
-    monkeypatch.setattr(moe, "COMPILE_BACKEND", moe.COMPILE_BACKEND)  # the benchmark sets its --backend
-    torch._dynamo.reset()  # graphs an earlier test compiled in this process would be reused, not counted
-    try:
-        measured = benchmark("moe_recompiles", "--data", multi30k_bin, "--arch", "widenet_tiny", "--batches", 6)
-    finally:
-        torch._dynamo.reset()
-    phases = measured["phases"]
-    assert measured["batch_shapes"] >= 5 and 1 <= phases["training"]["unique_graphs"] <= 2, measured
-    assert list(phases) == ["training", "validation", "unpadded", "incremental decoding"]
-    for name, counts in phases.items():
-        assert (counts["graphs_after_warmup"], counts["graph_breaks"]) == (0, 0), (name, counts)
-    assert phases["unpadded"]["unique_graphs"] == 0, phases  # batches without padding reuse the graph
-
-
-@pytest.mark.parametrize("dispatch", ["padded", "permute", "grouped"])
-def test_inference_makes_no_host_wait_of_the_plugin(dispatch):
-    """At inference (no capacity limit) the no-wait dispatches read no count on the host, and the
+def test_inference_makes_no_host_wait_of_the_plugin():
+    """At inference (no capacity limit) the MoE layer reads no count on the host, and the
     decoder does not ask whether a target is padded: every host wait of a forward pass, of targets
     with and without padding, and of incremental decoding, is fairseq's own (its positional
     embeddings), none is made by the plugin's code."""
     from fairseq_widearch.experiments.counting import HostWaitSites
-    model = make_model("--moe-dispatch", dispatch).eval()
+    model = make_model().eval()
     src, lengths, prev = batch()
     padded = prev.clone()
     padded[1, -2:] = 1

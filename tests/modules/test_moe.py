@@ -7,9 +7,6 @@ import torch.nn.functional as F
 from fairseq_widearch.experiments.counting import OperatorCounter
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 from fairseq_widearch.modules.moe import ROUTINGS
-from fairseq_widearch.modules.moe import fast_grouped_mm as real_fast_grouped_mm
-
-pytestmark = pytest.mark.usefixtures("grouped_runs_here")  # conftest.py
 
 D, FFN = 8, 16
 
@@ -91,11 +88,12 @@ def test_balance_loss_is_not_bounded_below_by_its_uniform_value():
 ])
 def test_capacity_at_a_few_sizes(tokens, factor, k, experts, released, ours):
     """Released: positions start at 1 and are kept while below floor(C·K·N/E), so B = that - 1
-    usable slots; ours: ceil(C·K·N/E). The same B on the host and on the device."""
+    usable slots; ours: ceil(C·K·N/E). The same B on the host and, as the last slot kept from a
+    count on the device, there."""
     for routing, expected in (("released", released), ("ours", ours)):
         router = TopKRouter(D, experts, k, factor, routing=routing).train()
         assert router.capacity(tokens) == expected, routing
-        assert router.device_capacity(torch.tensor(tokens)).item() == expected, routing
+        assert router.limit(torch.tensor(tokens)).floor().item() == expected, routing
 
 
 @pytest.mark.parametrize("routing", ROUTINGS)
@@ -108,7 +106,7 @@ def test_capacity_drops_exactly_the_over_capacity_tokens(routing):
     capacity = 4 if routing == "released" else 5  # floor(5) - 1 (one slot unused), ceil(5)
     assert result.capacity == capacity
     assert result.kept.tolist() == [True] * capacity + [False] * (10 - capacity)  # batch order
-    gates = result.gate[:capacity, None]
+    gates = result.gate[:capacity]  # (capacity, k = 1)
     torch.testing.assert_close(y[:capacity, 0], gates * dense_ffn(moe, 0, x[:capacity, 0]), atol=1e-5, rtol=1e-5)
     assert (y[capacity:] == 0).all()
 
@@ -199,6 +197,18 @@ def test_router_math_stays_fp32_for_half_inputs(dtype):
     assert routing.gate.dtype == torch.float32 and routing.balance_loss.dtype == torch.float32
 
 
+def test_router_math_stays_fp32_under_autocast():
+    """fairseq's ``--amp``: autocast would run the router's product in half precision."""
+    torch.manual_seed(0)
+    moe = make_moe().train()
+    x = torch.randn(4, 2, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        routing = moe(x)[1]
+    gate, _ = (x.reshape(-1, D) @ moe.router.weight.t()).softmax(-1).topk(2)
+    assert routing.gate.dtype == torch.float32 and routing.balance_loss.dtype == torch.float32
+    torch.testing.assert_close(routing.gate, gate.view(4, 2, 2).transpose(0, 1).reshape(8, 2))  # batch-major
+
+
 def test_eval_capacity_does_not_drop_by_default():
     """Without a limit at inference every assignment is kept, and the capacity is the number of
     tokens (known from the shapes), not the largest load (which only the host could read)."""
@@ -286,13 +296,13 @@ def test_invalid_router_configs(kwargs, message):
         make_moe(**kwargs)
 
 
-def dispatched(dispatch, x, padding_mask, seed, train=True, **kw):
+def dispatched(x, padding_mask, seed, train=True, **kw):
     """Output, balance loss, kept count and every gradient of one forward + backward of a fresh
-    MoE layer (the same initialisation for every ``dispatch``; router noise and dropout from
-    ``seed``; ``dtype``: the layer cast to it)."""
+    MoE layer (the same initialisation every call; router noise and dropout from ``seed``;
+    ``dtype``: the layer cast to it)."""
     torch.manual_seed(0)
-    router = TopKRouter(D, 4, 2, 0.5, 0.0, noise=kw.get("noise", False), slots=kw.get("slots", "count"))
-    moe = MoELayer(router, Experts(4, D, FFN, activation_dropout=kw.get("dropout", 0.0)), dispatch).train(train)
+    router = TopKRouter(D, 4, 2, 0.5, 0.0, noise=kw.get("noise", False))
+    moe = MoELayer(router, Experts(4, D, FFN, activation_dropout=kw.get("dropout", 0.0))).train(train)
     moe.to(kw.get("dtype", torch.float32))
     x = x.clone().requires_grad_()
     torch.manual_seed(seed)
@@ -305,59 +315,86 @@ def dispatched(dispatch, x, padding_mask, seed, train=True, **kw):
 def padded_input():
     torch.manual_seed(1)
     pad = torch.zeros(5, 7, dtype=torch.bool)
-    pad[1, 4:], pad[3, 2:] = True, True
+    pad[1, 4:], pad[3, 3:] = True, True  # 28 real tokens: C·K·N/E = 7 slots, a whole number
     return torch.randn(7, 5, D), pad
 
 
-@pytest.mark.parametrize("dispatch,slots", [("padded", "count"), ("permute", "count"), ("grouped", "count"),
-                                            ("padded", "sort"), ("index", "sort"), ("grouped", "sort")])
-@pytest.mark.parametrize("case", ["training, noise and dropout", "training, padded", "inference, padded"])
-def test_every_dispatch_gives_the_index_dispatch_outputs_and_gradients(dispatch, slots, case):
-    """C = 0.5, so assignments are dropped. Without padding the buffers have the same shape, so
-    router noise and the experts' dropout draw the same values whichever dispatch runs; with padding
-    the buffers of the no-wait dispatches hold slots for the padding rows too, so noise and dropout
-    are off there (training mode: the capacity limit applies). ``grouped`` has no capacity-sized
-    buffers, so its dropout masks are of another shape: it runs with router noise alone. Either
-    slot numbering, within fp32 rounding of the default (``index``, counted slots)."""
+def reference_moe(moe, x, pad):
+    """Eq. 1 over (T, B, d) ``x`` with ``pad`` (B, T), one assignment at a time: the router's
+    probabilities and top-k recomputed, the assignments of the real tokens visited in the routing's
+    filling order (released: tokens batch-major, a token's k choices at its place; ours: every first
+    choice before any second, tokens in T x B order) with a running count per expert, kept while the
+    count is at most B (the router's capacity for the real tokens), y[token] = Σ kept gate ·
+    expert(x[token]). -> (y (T, B, d), kept {(t, b, choice)})."""
+    E, k, (T, B, _) = moe.router.num_experts, moe.router.top_k, x.shape
+    gate, choice = F.linear(x, moe.router.weight).softmax(-1).topk(k, dim=-1)  # (T, B, k)
+    real = [(t, b) for b in range(B) for t in range(T) if not pad[b, t]]  # batch-major
+    if moe.router.routing == "ours":
+        real.sort()  # T x B
+        order = [(t, b, c) for c in range(k) for t, b in real]
+    else:
+        order = [(t, b, c) for t, b in real for c in range(k)]
+    capacity, count, kept = moe.router.capacity(len(real)), [0] * E, set()
+    for t, b, c in order:
+        e = int(choice[t, b, c])
+        count[e] += 1
+        if count[e] <= capacity:
+            kept.add((t, b, c))
+    y = [[torch.zeros_like(x[0, 0]) for _ in range(B)] for _ in range(T)]
+    for t, b, c in sorted(kept):
+        y[t][b] = y[t][b] + gate[t, b, c] * dense_ffn(moe, int(choice[t, b, c]), x[t, b])
+    return torch.stack([torch.stack(row) for row in y]), kept
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+@pytest.mark.parametrize("train", [True, False], ids=["training", "inference"])
+def test_the_layer_equals_a_token_by_token_reference(routing, train):
+    """Outputs, the kept assignments and the gradients of the input and of every parameter equal
+    ``reference_moe``'s, over a padded batch in training (C = 0.5: assignments dropped, the capacity
+    of the real tokens) and at inference (no limit: every real assignment kept). Router noise off."""
     x, pad = padded_input()
-    kw = {"noise": True, "dropout": 0.3} if case.endswith("dropout") else {}
-    if dispatch == "grouped" and kw:
-        kw["dropout"] = 0.0
-    padding_mask = None if kw else pad
-    train = case.startswith("training")
-    y_ref, loss_ref, kept_ref, grads_ref = dispatched("index", x, padding_mask, 3, train, **kw)
-    y, loss, kept, grads = dispatched(dispatch, x, padding_mask, 3, train, slots=slots, **kw)
-    assert kept == kept_ref and (not train or kept < 70)  # 35 tokens x top-2, some dropped in training
+    torch.manual_seed(0)
+    moe = make_moe(experts=4, k=2, capacity_factor=0.5, routing=routing).train(train)
+    weights = torch.randn(x.shape)  # a loss that weighs every output differently
+    results = []
+    for layer in (lambda inp: moe(inp, pad), lambda inp: reference_moe(moe, inp, pad)):
+        inp = x.clone().requires_grad_()
+        y, routed = layer(inp)
+        (y * weights).sum().backward()
+        results.append((y, routed, {"x": inp.grad, **{name: p.grad for name, p in moe.named_parameters()}}))
+        moe.zero_grad(set_to_none=True)
+    (y, routing_, grads), (y_ref, kept_ref, grads_ref) = results
+    T, B, k = x.shape[0], x.shape[1], 2
+    tokens = [(t, b) for b in range(B) for t in range(T)] if routing == "released" else \
+        [(t, b) for t in range(T) for b in range(B)]  # the layer's rows
+    kept = {(*tokens[n], c) for c in range(k) for n in range(T * B) if routing_.kept[c * T * B + n]}
+    real = 2 * int((~pad).sum())
+    assert kept == kept_ref and (len(kept) < real if train else len(kept) == real)
     torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    assert (y[pad.t()] == 0).all()
+    assert grads.keys() == grads_ref.keys()
     for name, grad in grads_ref.items():
         torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("dispatch,waits,atomic_adds", [("index", 1, 4), ("padded", 0, 3), ("permute", 0, 0),
-                                                       ("grouped", 0, 0)])
 @pytest.mark.parametrize("train", [True, False], ids=["training", "inference"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "bf16 autocast", "fp16 autocast"])
-def test_host_waits_and_atomic_adds_of_each_dispatch(dispatch, waits, atomic_adds, train, precision):
-    """Counted operators of a forward + backward over a padded batch (the host waits a GPU would
-    make: the ``nonzero`` of the real tokens' rows; the scatter-adds: index_add and index_select's
-    backward), in training (C = 0.5) and at inference (no capacity limit: B from the shapes, not
-    from the largest load), in fp32, in bf16 and fp16 (a cast layer, as ``--bf16``, ``--fp16``) and
-    under autocast in either (as ``--amp``); without padding, no dispatch waits."""
+def test_host_waits_and_atomic_adds(train, precision):
+    """Counted operators of a forward + backward, with and without padding, in training (C = 0.5)
+    and at inference (no capacity limit: B from the shapes, not from the largest load), in fp32, in
+    bf16 and fp16 (a cast layer, as ``--bf16``, ``--fp16``) and under autocast in either (as
+    ``--amp``): no host wait (no count read back, no data-dependent shape) and one scatter-add, the
+    backward of the combine's ``index_select``."""
     x, pad = padded_input()
     half, autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision[:4]), precision.endswith("autocast")
     dtype = half if half and not autocast else torch.float32
-    for padding_mask, expected in ((pad, (waits, atomic_adds)), (None, None)):
+    for padding_mask in (pad, None):
         with torch.autocast("cpu", dtype=half or torch.bfloat16, enabled=autocast), OperatorCounter() as counter:
-            dispatched(dispatch, x.to(dtype), padding_mask, 3, train, dtype=dtype)
-        if expected:
-            assert (counter.host_waits, counter.atomic_adds) == expected, counter.counts
-        else:
-            assert counter.host_waits == 0, counter.counts
+            dispatched(x.to(dtype), padding_mask, 3, train, dtype=dtype)
+        assert (counter.host_waits, counter.atomic_adds) == (0, 1), counter.counts
 
 
-@pytest.mark.parametrize("dispatch", ["index", "padded", "permute", "grouped"])
-def test_every_dispatch_trains_under_autocast(dispatch):
+def test_the_layer_trains_under_autocast():
     """fairseq's ``--amp``: fp32 parameters and inputs, the experts' matmuls in half precision
     (autocast), so their outputs are half while the tokens are fp32. On the CPU with bf16 autocast,
     as ``--amp`` runs fp16 autocast on CUDA (the CUDA tier's WideNet AMP training found this):
@@ -365,119 +402,8 @@ def test_every_dispatch_trains_under_autocast(dispatch):
     x, pad = padded_input()
     for kw in ({"noise": True, "dropout": 0.3}, {}):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            y, loss, kept, grads = dispatched(dispatch, x, pad, 3, **kw)
+            y, loss, kept, grads = dispatched(x, pad, 3, **kw)
         assert y.dtype == torch.bfloat16 and kept > 0 and torch.isfinite(loss)
         assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
-    reference = dispatched(dispatch, x, pad, 3)[0]
+    reference = dispatched(x, pad, 3)[0]
     torch.testing.assert_close(y.float(), reference, atol=0.05, rtol=0.05)  # bf16 keeps 8 bits
-
-
-def test_grouped_gives_paddeds_outputs_and_gradients_under_autocast():
-    """bf16 autocast over fp32 parameters: grouped's outputs and every gradient, the experts' biases
-    included (each rounded once to bf16, as padded's and nn.Linear's are), equal padded's within
-    bf16 rounding."""
-    x, pad = padded_input()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        grouped, padded = (dispatched(dispatch, x, pad, 3) for dispatch in ("grouped", "padded"))
-    torch.testing.assert_close(grouped[0], padded[0], atol=0.02, rtol=0.02)
-    assert grouped[3].keys() == padded[3].keys()
-    for name, grad in grouped[3].items():
-        scale = padded[3][name].abs().max()
-        torch.testing.assert_close(grad / scale, padded[3][name] / scale, atol=0.02, rtol=0, msg=name)
-
-
-@pytest.mark.parametrize("routing", ROUTINGS)
-@pytest.mark.parametrize("padding", [False, True])
-def test_sorted_slots_are_the_counted_slots(routing, padding):
-    """The router's slots by a stable sort (``slots="sort"``) equal the running count's, assignment
-    by assignment, loads included, in either filling order; padding takes no slot (-1)."""
-    g = torch.Generator().manual_seed(5)
-    N, k, E = 300, 2, 4
-    expert = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])  # (N, k), distinct per token
-    real = (torch.rand(N, generator=g) > 0.2) if padding else None
-    counted = TopKRouter(D, E, k, routing=routing, slots="count").fill(expert, real)
-    by_sort = TopKRouter(D, E, k, routing=routing, slots="sort").fill(expert, real)
-    assert torch.equal(by_sort[0], counted[0]) and torch.equal(by_sort[1], counted[1])
-    assert (counted[0] == -1).any() == padding and counted[1].sum() == k * (N if real is None else real.sum())
-
-
-@pytest.mark.slow
-def test_the_compiled_region_equals_the_eager_layer_and_reuses_its_graph(monkeypatch):
-    """``compiled=True`` (``--moe-compile``) through ``aot_eager`` (the same graph capture and guards
-    as the default backend, and eager random numbers): bit-equal outputs, balance loss and
-    gradients with router noise and dropout in training, over five batch shapes with padding, and
-    one graph for all of them (shapes dynamic: a recompilation would capture a second)."""
-    import torch._dynamo.utils as dynamo_utils
-    from fairseq_widearch.modules import moe as moe_module
-    monkeypatch.setattr(moe_module, "COMPILE_BACKEND", "aot_eager")
-    monkeypatch.setattr(moe_module, "_COMPILED", {})
-    torch._dynamo.reset()  # no graph cached by an earlier test
-    torch.manual_seed(0)
-    router = TopKRouter(D, 4, 2, 0.5)
-    experts = Experts(4, D, FFN, activation_dropout=0.2, dropout=0.3)
-    eager, compiled = (MoELayer(router, experts, "padded", compiled=c).train() for c in (False, True))
-    dynamo_utils.counters.clear()
-    for T, B in [(7, 5), (9, 3), (11, 8), (5, 16), (13, 2)]:
-        x = torch.randn(T, B, D)
-        pad = torch.zeros(B, T, dtype=torch.bool)
-        pad[0, -3:] = True
-        results = []
-        for layer in (compiled, eager):
-            inp = x.clone().requires_grad_()
-            torch.manual_seed(1)
-            y, routing = layer(inp, pad)
-            (y.pow(2).sum() + routing.balance_loss).backward()
-            results.append((y, routing.balance_loss, inp.grad, *(p.grad.clone() for p in layer.parameters())))
-            layer.zero_grad()
-        for got, expected in zip(*results):
-            assert torch.equal(got, expected)
-    assert dynamo_utils.counters["stats"]["unique_graphs"] == 1
-
-
-def test_grouped_runs_padded_where_torchs_grouped_product_is_slow(monkeypatch):
-    """Off CUDA bf16 on a Hopper-class GPU (here: the CPU, fp32 and bf16 autocast) ``grouped`` runs
-    ``padded``, bit for bit its outputs and gradients, and warns once, naming what it needs."""
-    from fairseq_widearch.modules import moe
-    monkeypatch.setattr(moe, "fast_grouped_mm", real_fast_grouped_mm)
-    monkeypatch.setattr(moe, "_warned_grouped_fallback", False)
-    x, pad = padded_input()
-    with pytest.warns(UserWarning, match=r"needs bf16 .* on a CUDA GPU of compute capability 9.x \(Hopper\)") as caught:
-        for _ in range(2):
-            got = dispatched("grouped", x, pad, 3)
-    assert len([w for w in caught if "grouped" in str(w.message)]) == 1
-    expected = dispatched("padded", x, pad, 3)
-    for a, b in zip(got[:3], expected[:3]):
-        assert torch.equal(a, b)
-    assert got[3].keys() == expected[3].keys() and all(torch.equal(got[3][k], expected[3][k]) for k in got[3])
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not real_fast_grouped_mm(x, FFN)
-
-
-def test_grouped_runs_its_own_code_on_a_hopper_gpu_in_bf16_with_widths_of_multiples_of_8(monkeypatch):
-    """The fast kernel's conditions, the device stood in for: CUDA of compute capability 9.x, bf16,
-    d and the experts' FFN width multiples of 8 (its 16-byte strides); any one unmet: padded."""
-    from types import SimpleNamespace
-    from fairseq_widearch.modules import moe
-    monkeypatch.setattr(moe, "_warned_grouped_fallback", False)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "stand-in")
-    monkeypatch.setattr(torch.version, "hip", None)
-
-    def tokens(d, dtype=torch.bfloat16, device="cuda"):
-        return SimpleNamespace(device=torch.device(device), dtype=dtype, shape=(16, d))
-    assert real_fast_grouped_mm(tokens(32), 64)
-    with pytest.warns(UserWarning, match=r"multiples of 8"):
-        assert not real_fast_grouped_mm(tokens(36), 64)
-    for unmet in (real_fast_grouped_mm(tokens(32), 68), real_fast_grouped_mm(tokens(32, torch.float16), 64),
-                  real_fast_grouped_mm(tokens(32, device="cpu"), 64)):
-        assert not unmet
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
-    assert not real_fast_grouped_mm(tokens(32), 64)
-
-
-def test_grouped_under_a_torch_without_the_grouped_product_fails_at_build_naming_the_release(monkeypatch):
-    monkeypatch.delattr(F, "grouped_mm")
-    with pytest.raises(RuntimeError, match=r"grouped needs torch.nn.functional.grouped_mm, which torch .* lacks "
-                                           r"\(torch 2.11, the lowest release this package has run with, has it"):
-        MoELayer(TopKRouter(D, 4, 2), Experts(4, D, FFN), "grouped")
-    MoELayer(TopKRouter(D, 4, 2), Experts(4, D, FFN), "padded")  # the other dispatches need no such product
