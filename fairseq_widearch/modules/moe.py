@@ -137,6 +137,7 @@ class TopKRouter(nn.Module):
             nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's init
         # (E, 1) expert ids, compared with the assignments at once; not saved with the model
         self.register_buffer("ids", torch.arange(num_experts)[:, None], persistent=False)
+        self._tables = {}  # tables(): (C, device) -> (kept slots, balance scales) by real-token count
 
     @property
     def released(self) -> bool:
@@ -156,14 +157,20 @@ class TopKRouter(nn.Module):
         slots = self.factor * self.top_k * num_tokens / self.num_experts
         return max(math.floor(slots) - 1 if self.released else math.ceil(slots), 1)
 
-    def limit(self, num_real: Tensor):
-        """The last 1-based slot kept, as ``capacity`` of the 0-d count ``num_real`` computed on the
-        device without a host wait (the same float64 arithmetic; a bound on an integer slot, so
-        ⌊s⌋ − 1 is s − 1); None without a limit."""
-        if self.factor <= 0:
-            return None
-        slots = num_real.double() * (self.factor * self.top_k) / self.num_experts
-        return (slots - 1 if self.released else slots.ceil()).clamp_min(1)
+    def tables(self, rows: int, device) -> tuple:
+        """For every count n of real tokens from 0 to at least ``rows``, on ``device``: the last 1-based
+        slot kept (``capacity`` of n in the same float64 arithmetic, as a bound on an integer slot, so
+        ⌊s⌋ − 1 is s − 1; None without a limit) and E / (share · max(n, 1)²), the balance loss's
+        scale (``balance_loss``). Computed once per device, mode and largest batch: a call then reads
+        its values with one ``take`` on the device, no host wait."""
+        key = (self.factor, str(device))
+        if key not in self._tables or self._tables[key][1].numel() <= rows:
+            n = torch.arange(rows + 1, device=device, dtype=torch.float64)
+            slots = n * (self.factor * self.top_k) / self.num_experts
+            limits = (slots - 1 if self.released else slots.ceil()).clamp_min(1) if self.factor > 0 else None
+            scales = (self.num_experts / (self.top_k if self.released else 1)) / n.clamp_min(1).square()
+            self._tables[key] = limits, scales.float()
+        return self._tables[key]
 
     def forward(self, x: Tensor, pad: Optional[Tensor] = None) -> Routing:
         """x: ``(N, d)`` tokens, in the order in which they compete for capacity; ``pad`` ``(N,)``
@@ -173,15 +180,17 @@ class TopKRouter(nn.Module):
         buffers hold B slots for all N rows, of which the first B of the real tokens' count per
         expert are used, so the same assignments are kept as without the padding rows.
         """
-        E, k, N = self.num_experts, self.top_k, x.shape[0]
         with torch.autocast(x.device.type, enabled=False):  # autocast would run the product in half
-            logits = F.linear(x.float(), self.weight.float())  # (N, E), fp32
-        if self.training and self.noise:
-            logits = logits.add(torch.randn_like(logits), alpha=1 / E)
-        probs = logits.softmax(dim=-1)
+            gate, balance_loss, choice, position, load, kept_load = Gate.apply(x, self.weight, self, pad)
+        return Routing(choice, gate, position, self.capacity(x.shape[0]), self.num_experts, balance_loss, load,
+                       kept_load)
+
+    def route(self, probs: Tensor, pad: Optional[Tensor]) -> tuple:
+        """The routing decision from the router probabilities ``probs`` ``(N, E)``: (gate, choice,
+        position, load, kept_load) as ``Routing`` has them, and the balance loss's gradient with
+        respect to each expert's probability of a real token, ``(E,)``."""
+        E, k, N = self.num_experts, self.top_k, probs.shape[0]
         gate, choice = probs.topk(k, dim=-1)  # (N, k)
-        if self.renormalize:
-            gate = gate / gate.sum(dim=-1, keepdim=True)
         padding = None if pad is None else pad[:, None]
         # each expert's running count over the assignments in filling order: token-major for
         # released (a token's choices go to different experts, so each expert sees the tokens in
@@ -191,25 +200,58 @@ class TopKRouter(nn.Module):
         chosen = order == self.ids  # (E, k·N); expert-major, so that the count scans the contiguous dim
         count = chosen.cumsum(dim=1)
         load = chosen.sum(dim=1)
-        num_real = N if pad is None else N - pad.sum()
         capacity = self.capacity(N)  # B for all N rows: an upper bound
-        limit = self.limit(num_real) if pad is not None else self.capacity(N) if self.factor > 0 else None
-        kept = chosen if limit is None else chosen & (count <= limit)
+        limits, scales = self.tables(N, probs.device)
+        num_real = torch.full((), N, device=probs.device) if pad is None else N - pad.sum()
+        kept = chosen if limits is None else chosen & (count <= limits.take(num_real))
         position = ((count + self.ids * capacity) * kept).sum(dim=0)  # 1-based buffer row, 0: not kept
         if not self.released:  # to token-major
             position = position.view(k, N).t().reshape(-1)
-        return Routing(choice, gate, position, capacity, E, self.balance_loss(probs, padding, load, num_real),
-                       load, kept.sum(dim=1))
+        # Eqs. 3-5: l = E · Σ_i m_i P_i = E / (share · n²) · Σ_i load_i · Σ_t p_i(t), m_i the share of
+        # the tokens (ours) or of the assignments (released) that expert i got, P_i the mean router
+        # probability of expert i over the same n real tokens
+        direction = load * scales.take(num_real)
+        return gate, choice, position, load, kept.sum(dim=1), direction
 
-    def balance_loss(self, probs: Tensor, padding: Optional[Tensor], load: Tensor, num_real) -> Tensor:
-        """Eqs. 3-5: l = E · Σ_i m_i P_i, m_i the share of the tokens (ours) or of the assignments
-        (released) that expert i got (not differentiable), P_i the mean router probability of
-        expert i over the same real tokens: E / (share · n²) · Σ_i load_i · Σ_t p_i(t)."""
-        weighted = ((probs if padding is None else probs.masked_fill(padding, 0.0)) * load).sum()
-        scale = self.num_experts / (self.top_k if self.released else 1)
-        if isinstance(num_real, int):
-            return weighted * (scale / max(num_real, 1) ** 2)
-        return weighted * scale / num_real.clamp_min(1).square()
+
+class Gate(torch.autograd.Function):
+    """The router's differentiable outputs, the gates g(x) (Eq. 2) and the balance loss l (Eq. 3),
+    with their gradient written out (fewer operators than autograd's): the top-k values' gradient
+    scattered back, l's per-expert direction added on the real rows, through the softmax to the
+    logits, two products. ``Gate.apply(x, weight, router, pad)`` -> (gate ``(N, k)``, balance loss, and the
+    non-differentiable choice, position, load and kept load of ``TopKRouter.route``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, router, pad):
+        logits = x.float().mm(weight.float().t())  # (N, E), fp32
+        if router.training and router.noise:
+            logits = logits.add(torch.randn_like(logits), alpha=1 / router.num_experts)
+        probs = logits.softmax(dim=-1)
+        top, choice, position, load, kept_load, direction = router.route(probs, pad)
+        real = None if pad is None else ~pad[:, None]
+        balance_loss = (probs if real is None else probs * real).sum(dim=0) @ direction
+        total = top.sum(dim=-1, keepdim=True) if router.renormalize else None
+        gate = top / total if router.renormalize else top
+        ctx.save_for_backward(x, weight, probs, choice, direction, real, gate, total)
+        ctx.set_materialize_grads(False)  # no zeros for the outputs without a gradient
+        ctx.mark_non_differentiable(choice, position, load, kept_load)
+        return gate, balance_loss, choice, position, load, kept_load
+
+    @staticmethod
+    def backward(ctx, grad_gate, grad_balance, *_):
+        x, weight, probs, choice, direction, real, gate, total = ctx.saved_tensors
+        grad = torch.zeros_like(probs)
+        if grad_gate is not None:
+            if total is not None:  # through g / Σg
+                grad_gate = (grad_gate - (grad_gate * gate).sum(dim=-1, keepdim=True)) / total
+            grad.scatter_(1, choice, grad_gate)
+        if grad_balance is not None:  # l's, on the real rows alone
+            step = direction * grad_balance
+            grad = grad.add_(step) if real is None else grad.addcmul_(real, step)
+        grad = torch._softmax_backward_data(grad, probs, -1, probs.dtype)
+        grad_x = grad.mm(weight.float()).to(x.dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = grad.t().mm(x.float()).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_weight, None, None
 
 
 class ExpertForm:

@@ -88,12 +88,13 @@ def test_balance_loss_is_not_bounded_below_by_its_uniform_value():
 ])
 def test_capacity_at_a_few_sizes(tokens, factor, k, experts, released, ours):
     """Released: positions start at 1 and are kept while below floor(C·K·N/E), so B = that - 1
-    usable slots; ours: ceil(C·K·N/E). The same B on the host and, as the last slot kept from a
-    count on the device, there."""
+    usable slots; ours: ceil(C·K·N/E). The same B on the host and, as the last slot kept of the
+    device's table for that count of real tokens, there."""
     for routing, expected in (("released", released), ("ours", ours)):
         router = TopKRouter(D, experts, k, factor, routing=routing).train()
         assert router.capacity(tokens) == expected, routing
-        assert router.limit(torch.tensor(tokens)).floor().item() == expected, routing
+        limits, _ = router.tables(tokens, "cpu")
+        assert limits[tokens].floor().item() == expected, routing
 
 
 @pytest.mark.parametrize("routing", ROUTINGS)
@@ -407,3 +408,29 @@ def test_the_layer_trains_under_autocast():
         assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
     reference = dispatched(x, pad, 3)[0]
     torch.testing.assert_close(y.float(), reference, atol=0.05, rtol=0.05)  # bf16 keeps 8 bits
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_the_routers_written_out_gradient_equals_autograds(renormalize, routing):
+    """``Gate``'s backward against autograd through the same formulas (Eqs. 2-5), with padding rows:
+    the gates, renormalised or not, and the balance loss, to the input and the router's weight."""
+    torch.manual_seed(0)
+    router = TopKRouter(D, 4, 2, 0.5, noise=False, renormalize=renormalize, routing=routing).train()
+    x = torch.randn(12, D, requires_grad=True)
+    pad = torch.zeros(12, dtype=torch.bool)
+    pad[9:] = True
+    weights = torch.randn(12, 2)
+    routing_out = router(x, pad)
+    ((routing_out.gate * weights).sum() + 0.7 * routing_out.balance_loss).backward()
+    written = x.grad, router.weight.grad
+    x.grad, router.weight.grad = None, None
+    probs = (x @ router.weight.t()).softmax(-1)
+    top = probs.topk(2, dim=-1).values
+    gate = top / top.sum(-1, keepdim=True) if renormalize else top
+    real, share = ~pad, 2 if routing == "released" else 1
+    balance = 4 * (routing_out.load / (9 * share) * probs[real].sum(0) / 9).sum()
+    ((gate * weights).sum() + 0.7 * balance).backward()
+    torch.testing.assert_close(routing_out.gate, gate)
+    torch.testing.assert_close(written[0], x.grad)
+    torch.testing.assert_close(written[1], router.weight.grad)
