@@ -11,7 +11,8 @@ at small batches whatever its FLOPs. Counted here on the CPU with a ``TorchDispa
 
 * a training step: forward, cross-entropy with the auxiliary losses, backward;
 * a decoding step: one beam-search step of the model (``reorder_incremental_state``, the decoder on
-  the last token with its incremental state, log-probabilities), at the fourth target position.
+  the last token with its incremental state, log-probabilities), at the fourth target position;
+* WideNet's MoE layer alone beside the dense FFN (``moe_layer``).
 
 Waits are the operators that read a result on the host (``HOST_WAIT_OPERATORS``) and boolean
 indexing; atomic adds the scatter-adds. ``excess`` names the operators of which the system runs the
@@ -30,11 +31,13 @@ import json
 from collections import Counter
 
 import torch
+import torch.nn.functional as F
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.experiments.counting import OperatorCounter
 from fairseq_widearch.experiments.data import random_training_batches
 from fairseq_widearch.model_builder import build_model
+from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 from on_device import training_loss
 from training_utilisation import compare, parse_system, step_flops, stock_flags, twin_layers
 
@@ -45,6 +48,8 @@ SYSTEMS = ("multipath_transformer_multi30k", "multipath_transformer_6l_4p", "wid
 #: The targets: operators per step at most this times the twin's, host waits at most the twin's;
 #: CPU training throughput per FLOP at least this times the twin's.
 OPERATORS, THROUGHPUT = 1.10, 0.95
+#: The MoE layer's operators per call (``moe_layer``), at most.
+MOE = 100
 #: Operators that only change a tensor's metadata, listed apart in ``excess``
 VIEWS = {"view", "_unsafe_view", "t", "transpose", "unsqueeze", "squeeze", "expand", "slice", "select", "detach",
          "permute", "alias", "as_strided", "unbind", "split", "split_with_sizes", "chunk", "narrow"}
@@ -81,6 +86,31 @@ def decoding_step(model, batch, step: int = 3) -> dict:
     with OperatorCounter() as counter:
         one(step)
     return counts(counter)
+
+
+def moe_layer() -> dict:
+    """One forward + backward of WideNet's MoE layer (d 128, FFN 512, E 4, top-2, C 1.2, 1,024 tokens
+    with a padding mask, training mode, the balance loss) as every call after the first runs it (the
+    first builds the router's tables), beside the dense FFN's on the same tokens."""
+    torch.manual_seed(0)
+    moe = MoELayer(TopKRouter(128, 4, 2, 1.2), Experts(4, 128, 512)).train()
+    x = torch.randn(1024, 1, 128, requires_grad=True)
+    no_padding = torch.zeros(1, 1024, dtype=torch.bool)
+    fc1, fc2 = torch.nn.Linear(128, 512), torch.nn.Linear(512, 128)
+
+    def call():
+        y, routing = moe(x, no_padding)
+        (y + routing.balance_loss).sum().backward()
+
+    call()
+    moe.zero_grad(set_to_none=True)
+    x.grad = None
+    with OperatorCounter() as layer:
+        call()
+    x.grad = None
+    with OperatorCounter() as dense:
+        fc2(F.relu(fc1(x))).sum().backward()
+    return {**{k: v for k, v in counts(layer).items() if k != "by_name"}, "dense_ffn_operators": dense.operators}
 
 
 def excess(mine: dict, twin: dict, n: int = 6) -> list:
@@ -133,9 +163,13 @@ def main(argv=None):
               f"{train['twin']['host_waits']}, atomic adds {train['atomic_adds']} | decoding {decode['ratio']:.3f}, waits "
               f"{decode['host_waits']} / {decode['twin']['host_waits']}"
               + (f" | throughput per FLOP {res['throughput_per_flop']:.3f}" if args.timing else ""), flush=True)
+    moe = moe_layer()
+    print(f"{'MoE layer':>40}: {moe['operators']} operators, {moe['host_waits']} waits, {moe['atomic_adds']} atomic adds "
+          f"| dense FFN {moe['dense_ffn_operators']}")
     print(json.dumps({"batch_size": args.batch_size, "src_len": args.src_len, "tgt_len": args.tgt_len,
                       "vocab": args.vocab, "threads": torch.get_num_threads(), "targets": {
-                          "operators": OPERATORS, "throughput_per_flop": THROUGHPUT}, **results}))
+                          "operators": OPERATORS, "throughput_per_flop": THROUGHPUT, "moe_layer_operators": MOE},
+                      "moe_layer": moe, **results}))
 
 
 if __name__ == "__main__":

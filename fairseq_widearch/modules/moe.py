@@ -17,13 +17,11 @@ the released code's), tokens in fairseq's T x B order.
 """
 import math
 from dataclasses import dataclass, fields
-from functools import partial
 from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from fairseq import utils
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
@@ -185,13 +183,13 @@ class TopKRouter(nn.Module):
         return Routing(choice, gate, position, self.capacity(x.shape[0]), self.num_experts, balance_loss, load,
                        kept_load)
 
-    def route(self, probs: Tensor, pad: Optional[Tensor]) -> tuple:
-        """The routing decision from the router probabilities ``probs`` ``(N, E)``: (gate, choice,
-        position, load, kept_load) as ``Routing`` has them, and the balance loss's gradient with
-        respect to each expert's probability of a real token, ``(E,)``."""
+    def route(self, probs: Tensor, padding: Optional[Tensor], real: Optional[Tensor]) -> tuple:
+        """The routing decision from the router probabilities ``probs`` ``(N, E)`` and the ``(N, 1)``
+        masks ``padding`` and ``real`` (None: no padding): (gate, choice, position, load, kept_load)
+        as ``Routing`` has them, and the balance loss's gradient with respect to each expert's
+        probability of a real token, ``(E,)``."""
         E, k, N = self.num_experts, self.top_k, probs.shape[0]
         gate, choice = probs.topk(k, dim=-1)  # (N, k)
-        padding = None if pad is None else pad[:, None]
         # each expert's running count over the assignments in filling order: token-major for
         # released (a token's choices go to different experts, so each expert sees the tokens in
         # order), choice-major for ours; a padding row's choices are expert E, which no id matches
@@ -202,9 +200,9 @@ class TopKRouter(nn.Module):
         load = chosen.sum(dim=1)
         capacity = self.capacity(N)  # B for all N rows: an upper bound
         limits, scales = self.tables(N, probs.device)
-        num_real = torch.full((), N, device=probs.device) if pad is None else N - pad.sum()
+        num_real = torch.full((), N, device=probs.device) if real is None else real.sum()
         kept = chosen if limits is None else chosen & (count <= limits.take(num_real))
-        position = ((count + self.ids * capacity) * kept).sum(dim=0)  # 1-based buffer row, 0: not kept
+        position = (count.add(self.ids, alpha=capacity) * kept).sum(dim=0)  # 1-based buffer row, 0: not kept
         if not self.released:  # to token-major
             position = position.view(k, N).t().reshape(-1)
         # Eqs. 3-5: l = E · Σ_i m_i P_i = E / (share · n²) · Σ_i load_i · Σ_t p_i(t), m_i the share of
@@ -227,23 +225,24 @@ class Gate(torch.autograd.Function):
         if router.training and router.noise:
             logits = logits.add(torch.randn_like(logits), alpha=1 / router.num_experts)
         probs = logits.softmax(dim=-1)
-        top, choice, position, load, kept_load, direction = router.route(probs, pad)
-        real = None if pad is None else ~pad[:, None]
+        padding = None if pad is None else pad[:, None]
+        real = None if pad is None else ~padding
+        top, choice, position, load, kept_load, direction = router.route(probs, padding, real)
         balance_loss = (probs if real is None else probs * real).sum(dim=0) @ direction
         total = top.sum(dim=-1, keepdim=True) if router.renormalize else None
-        gate = top / total if router.renormalize else top
-        ctx.save_for_backward(x, weight, probs, choice, direction, real, gate, total)
+        # saved: the inputs and intermediates, never an output (autograd would add two operators)
+        ctx.save_for_backward(x, weight, probs, choice, direction, real, top if router.renormalize else None, total)
         ctx.set_materialize_grads(False)  # no zeros for the outputs without a gradient
         ctx.mark_non_differentiable(choice, position, load, kept_load)
-        return gate, balance_loss, choice, position, load, kept_load
+        return top / total if router.renormalize else top, balance_loss, choice, position, load, kept_load
 
     @staticmethod
     def backward(ctx, grad_gate, grad_balance, *_):
-        x, weight, probs, choice, direction, real, gate, total = ctx.saved_tensors
+        x, weight, probs, choice, direction, real, top, total = ctx.saved_tensors
         grad = torch.zeros_like(probs)
         if grad_gate is not None:
             if total is not None:  # through g / Σg
-                grad_gate = (grad_gate - (grad_gate * gate).sum(dim=-1, keepdim=True)) / total
+                grad_gate = (grad_gate - (grad_gate * top / total).sum(dim=-1, keepdim=True)) / total
             grad.scatter_(1, choice, grad_gate)
         if grad_balance is not None:  # l's, on the real rows alone
             step = direction * grad_balance
@@ -263,9 +262,15 @@ class ExpertForm:
     layer only, the block's dropout after the combine."""
 
     def init_form(self, form: str, activation_fn: str, activation_dropout: float, dropout: float):
-        """The form's activation (``activation``) and dropouts, probabilities in [0, 1):
-        ``activation_dropout`` after the first layer, ``dropout`` on the output (``released`` only)."""
-        self.activation_fn = activation(activation_fn)
+        """The form's activation (one of ``ACTIVATIONS``) and dropouts, probabilities in [0, 1):
+        ``activation_dropout`` after the first layer, ``dropout`` on the output (``released`` only).
+
+        Raises:
+            ValueError: for an activation not in ``ACTIVATIONS``, naming them."""
+        if activation_fn not in ACTIVATIONS:
+            raise ValueError(f"the experts' activation must be one of {', '.join(ACTIVATIONS)}, got {activation_fn!r}")
+        self.activation_name = activation_fn
+        self.activation_fn = ACTIVATIONS[activation_fn][0]
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=type(self).__name__)
         released = form == "released"
         self.output_dropout_module = FairseqDropout(dropout, module_name=type(self).__name__) if released else None
@@ -284,13 +289,27 @@ class ExpertForm:
         return self.output_dropout_module(self.activation_fn(out))
 
 
-def activation(name: str):
-    """fairseq's activation ``name``, but ``gelu_accurate`` (the tanh approximation
-    0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the released code's ``gelu``) as torch's own kernel,
-    the same formula: fairseq's runs seven elementwise operators."""
-    if name == "gelu_accurate":
-        return partial(F.gelu, approximate="tanh")
-    return utils.get_activation_fn(name)
+def _gelu(x: Tensor) -> Tensor:
+    return F.gelu(x.float()).type_as(x)  # fairseq's gelu: in fp32 whatever the input
+
+
+def _tanh_gelu(x: Tensor) -> Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+#: The experts' activations, fairseq's ``--activation-fn`` choices: name -> (the function, its
+#: gradient from the incoming gradient, the input and the output), one ATen operator each in fp32.
+#: ``gelu_accurate`` and ``gelu_fast`` are the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x +
+#: 0.044715·x³))), the released code's ``gelu``, as torch's own kernel (fairseq's runs seven
+#: elementwise operators); ``gelu`` computes in fp32 as fairseq's does.
+ACTIVATIONS = {
+    "relu": (F.relu, lambda grad, x, y: torch.ops.aten.threshold_backward(grad, y, 0)),
+    "gelu": (_gelu, lambda grad, x, y: torch.ops.aten.gelu_backward(grad.float(), x.float()).type_as(grad)),
+    "gelu_accurate": (_tanh_gelu, lambda grad, x, y: torch.ops.aten.gelu_backward(grad, x, approximate="tanh")),
+    "gelu_fast": (_tanh_gelu, lambda grad, x, y: torch.ops.aten.gelu_backward(grad, x, approximate="tanh")),
+    "tanh": (torch.tanh, lambda grad, x, y: torch.ops.aten.tanh_backward(grad, y)),
+    "linear": (lambda x: x, lambda grad, x, y: grad),
+}
 
 
 class Experts(nn.Module, ExpertForm):
@@ -335,7 +354,8 @@ class MoELayer(nn.Module):
     Dispatch and combine without a host wait: every row of the batch is routed (padding never
     kept), the kept assignments copied into capacity-sized expert buffers (``(E, B, d)``) with one
     ``index_copy``, the dropped ones to a spare row, and the gated expert outputs gathered back
-    with one ``index_select`` (the spare row read as zeros) and summed over each token's k choices.
+    with one ``index_select`` (the spare row read as zeros) and summed over each token's k choices
+    (``Move``); the router's gates and balance loss by ``Gate``. Both write their gradients out.
 
     Router and experts are separate modules so that blocks can share the experts with or without
     the router (WideNet and its per-block-router variant).
@@ -377,12 +397,91 @@ class MoELayer(nn.Module):
         return (y.view(B, T, d).transpose(0, 1) if batch_major else y.view(T, B, d)), routing
 
     def move(self, tokens: Tensor, routing: Routing) -> Tensor:
-        """Dispatch, experts and combine: ``(N, d)`` -> ``(N, d)``."""
-        E, cap, (N, d), k = routing.num_experts, routing.capacity, tokens.shape, routing.choice.shape[1]
-        assignments = tokens.repeat(1, k).view(N * k, d)  # token-major, as routing.position
-        buffer = tokens.new_zeros(E * cap + 1, d).index_copy_(0, routing.position, assignments)
-        out = self.experts(buffer[1:].view(E, cap, d)).view(E * cap, d)
-        # row 0 of the gathered outputs: zeros, for the dropped and padding assignments (their gate
-        # then gets no gradient either); in the experts' dtype (half under autocast)
-        rows = F.pad(out, (0, 0, 1, 0)).index_select(0, routing.position).view(N, k, d)
-        return (rows * routing.gate[..., None].to(out.dtype)).sum(dim=1)
+        """Dispatch, experts and combine (``Move``): ``(N, d)`` -> ``(N, d)``, in the experts' dtype
+        (half under autocast)."""
+        fc1, fc2 = self.experts.fc1, self.experts.fc2
+        return Move.apply(tokens, routing.gate, routing.position, routing.capacity, self.experts,
+                          fc1.weight, fc1.bias, fc2.weight, fc2.bias)
+
+
+def dropped(module: FairseqDropout, x: Tensor) -> tuple:
+    """``module`` applied to x with ``F.dropout``'s own kernels and random numbers (on the CPU a
+    Bernoulli draw scaled by 1 / (1 - p), elsewhere ``native_dropout``) -> (output, what its
+    gradient needs: the scaled draw or the kept mask; None where it drops nothing)."""
+    if not (module.p > 0 and (module.training or module.apply_during_inference)):
+        return x, None
+    if x.device.type == "cpu":  # native_dropout's gradient converts its mask here, a copy of every element
+        scaled = torch.empty_like(x).bernoulli_(1 - module.p).div_(1 - module.p)
+        return x * scaled, scaled
+    return torch.native_dropout(x, module.p, True)
+
+
+def undropped(module: FairseqDropout, grad: Tensor, kept: Optional[Tensor]) -> Tensor:
+    """The gradient through ``dropped``."""
+    if kept is None:
+        return grad
+    if kept.dtype == torch.bool:
+        return torch.ops.aten.native_dropout_backward(grad, kept, 1 / (1 - module.p))
+    return grad * kept
+
+
+class Move(torch.autograd.Function):
+    """The kept assignments copied into capacity-sized expert buffers (one ``index_copy``, the
+    dropped and padding ones to a spare row), the E expert FFNs as two batched products, the outputs
+    gathered back (one ``index_select``, the spare row read as zeros) and summed with their gates,
+    with the gradient written out (autograd's runs a fifth more operators, and a scatter-add where
+    this copies). In autocast's dtype where it is on, as autocast runs ``bmm``; the weights' and
+    tokens' gradients in their own dtypes.
+
+    ``Move.apply(tokens (N, d), gate (N, k), position (N·k,), capacity, experts, w1, b1, w2, b2)``
+    -> ``(N, d)``, position and capacity as ``Routing`` has them, w1 ``(E, d, d_ffn)``, b1 ``(E,
+    d_ffn)``, w2 ``(E, d_ffn, d)``, b2 ``(E, d)`` the parameters of ``experts`` (``Experts``)."""
+
+    @staticmethod
+    def forward(ctx, tokens, gate, position, capacity, experts, w1, b1, w2, b2):
+        (N, d), k, E = tokens.shape, gate.shape[1], w1.shape[0]
+        device = tokens.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tokens.dtype
+        activation_fn = experts.activation_fn
+        ctx.experts, ctx.dtypes = experts, (tokens.dtype, gate.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
+        with torch.autocast(device, enabled=False):
+            x = tokens.to(dtype)
+            buffer = x.new_zeros(E * capacity + 1, d).index_copy_(0, position, x.repeat(1, k).view(N * k, d))
+            inputs = buffer[1:].view(E, capacity, d)
+            w1, w2 = w1.to(dtype), w2.to(dtype)
+            hidden = torch.baddbmm(b1.to(dtype)[:, None], inputs, w1)
+            activated = activation_fn(hidden)
+            inner, inner_mask = dropped(experts.activation_dropout_module, activated)
+            out = torch.baddbmm(b2.to(dtype)[:, None], inner, w2)
+            last, outer, outer_mask = out, None, None
+            if experts.output_dropout_module is not None:  # released: the activation and dropout again
+                outer = activation_fn(out)
+                last, outer_mask = dropped(experts.output_dropout_module, outer)
+            rows = F.pad(last.view(E * capacity, d), (0, 0, 1, 0)).index_select(0, position).view(N, k, d)
+            weights = gate.to(dtype)[..., None]
+            y = (rows * weights).sum(dim=1)
+        ctx.save_for_backward(position, inputs, hidden, activated, inner_mask, inner, w1, w2, out, outer, outer_mask,
+                              rows, weights)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (position, inputs, hidden, activated, inner_mask, inner, w1, w2, out, outer, outer_mask, rows,
+         weights) = ctx.saved_tensors
+        experts, (tokens_dtype, gate_dtype, w1_dtype, b1_dtype, w2_dtype, b2_dtype) = ctx.experts, ctx.dtypes
+        gradient = ACTIVATIONS[experts.activation_name][1]
+        (E, capacity, d), (N, k, _) = inputs.shape, rows.shape
+        grad_y = grad_y.to(rows.dtype)[:, None]
+        grad_gate = (rows * grad_y).sum(dim=-1).to(gate_dtype)
+        grad_rows = (grad_y * weights).view(N * k, d)
+        grad = grad_rows.new_zeros(E * capacity + 1, d).index_copy_(0, position, grad_rows)[1:].view(E, capacity, d)
+        if outer is not None:
+            grad = gradient(undropped(experts.output_dropout_module, grad, outer_mask), out, outer)
+        grad_b2, grad_w2 = grad.sum(dim=1), inner.transpose(1, 2).bmm(grad)
+        grad = grad.bmm(w2.transpose(1, 2))
+        grad = gradient(undropped(experts.activation_dropout_module, grad, inner_mask), hidden, activated)
+        grad_b1, grad_w1 = grad.sum(dim=1), inputs.transpose(1, 2).bmm(grad)
+        grad = grad.bmm(w1.transpose(1, 2)).view(E * capacity, d)
+        grad_tokens = F.pad(grad, (0, 0, 1, 0)).index_select(0, position).view(N, k, d).sum(dim=1)
+        return (grad_tokens.to(tokens_dtype), grad_gate, None, None, None, grad_w1.to(w1_dtype), grad_b1.to(b1_dtype),
+                grad_w2.to(w2_dtype), grad_b2.to(b2_dtype))
