@@ -19,7 +19,8 @@ indexing; atomic adds the scatter-adds. ``excess`` names the operators of which 
 most more than its twin. The counts do not depend on the batch size; FLOPs do, so the twin (its
 encoder depth) is matched on the same batch. With ``--timing``, each system and its twin also train
 alternately in one process (``training_utilisation.compare``, fp32): ``throughput_per_flop`` =
-(the system's training FLOPs per second) / (its twin's), the CPU's clock on both alike.
+(the system's training FLOPs per second) / (its twin's), the CPU's clock on both alike, and
+``slower`` names the operators whose CPU time in one profiled step most exceeds the twin's.
 
 Systems (``--systems``): ``arch`` or ``arch:flag=value,...`` for a candidate. The last line is one
 JSON object (``docs/data/cost_table.json`` is the committed one).
@@ -120,6 +121,23 @@ def excess(mine: dict, twin: dict, n: int = 6) -> list:
     return [[name.removeprefix("aten."), d] for name, d in diff.most_common(n) if d > 0]
 
 
+def self_times(model, batch) -> Counter:
+    """Milliseconds of CPU time of each ATen operator in one training step (``torch.profiler``), after
+    an unprofiled one."""
+    for profiled in (False, True):
+        with torch.autograd.profiler.profile(enabled=profiled) as prof:
+            training_loss(model.train(), batch).backward()
+        model.zero_grad(set_to_none=True)
+    return Counter({e.key.removeprefix("aten::"): e.self_cpu_time_total / 1e3 for e in prof.key_averages()
+                    if e.key.startswith("aten::")})
+
+
+def slower(mine: Counter, twin: Counter, n: int = 3) -> list:
+    """The ``n`` operators whose time exceeds the twin's the most: [[name, milliseconds more], ...]."""
+    mine.subtract(twin)
+    return [[name, round(ms, 1)] for name, ms in mine.most_common(n) if ms > 0]
+
+
 def row(system: str, batch, args) -> dict:
     """``system``'s and its FLOP-matched twin's counts, per training and per decoding step."""
     arch, flags = parse_system(system)
@@ -135,6 +153,8 @@ def row(system: str, batch, args) -> dict:
                         "twin": {k: v for k, v in stock.items() if k != "by_name"},
                         "ratio": round(mine["operators"] / stock["operators"], 3),
                         "excess": excess(mine, stock)}
+    if args.timing:
+        result["slower"] = slower(self_times(model, batch), self_times(twin, batch))
     return result
 
 

@@ -216,13 +216,15 @@ def cost(name: str) -> str:
     lines = [f"{table['date']}, {table['hardware']}, `{table['command']}`: batches of {table['batch_size']} x "
              f"{table['src_len']} + {table['tgt_len']} tokens, vocabulary {table['vocab']:,}.", "",
              "| preset | twin encoder layers | training operators / twin's | host waits (twin) | atomic adds (twin) "
-             "| decoding operators / twin's | decoding waits (twin) | throughput per FLOP / twin's | most run more often "
+             "| decoding operators / twin's | decoding waits (twin) | CPU throughput per FLOP / twin's (time over the twin's) | most run more often "
              "than the twin (training) |", "|---|---|---|---|---|---|---|---|---|"]
     for system, row in table.items():
         if not isinstance(row, dict) or "train" not in row:
             continue
         train, decode = row["train"], row["decode"]
         speed = f"{row['throughput_per_flop']:.2f}" if "throughput_per_flop" in row else "not timed"
+        if row.get("slower"):  # the operators whose time exceeds the twin's most in one profiled step
+            speed += " (" + ", ".join(f"{op} +{ms:g} ms" for op, ms in row["slower"]) + ")"
         more = ", ".join(f"{op} +{n}" for op, n in train["excess"][:3])
         lines.append(f"| `{system}` | {row['twin_encoder_layers']} | {train['operators']:,} / {train['twin']['operators']:,} "
                      f"= {train['ratio']:.3f} | {train['host_waits']} ({train['twin']['host_waits']}) | "
