@@ -2,8 +2,8 @@
 """The cost table: each architecture's Multi30k preset and one paper-size preset beside the stock
 Transformer of equal training FLOPs (docs/benchmarks.md, "Cost per FLOP").
 
-On a GPU each operator is at least one kernel launch and costs its Python and launch time on the
-host; once the host waits for the device (a value or a data-dependent shape read back), the
+On a GPU each operator that computes (not a view) is at least one kernel launch, and every one costs
+its Python and dispatch time on the host; once the host waits for the device (a value or a data-dependent shape read back), the
 device's queue runs dry and every launch after it is paid with the device idle. So a design that
 needs more operators per FLOP than the Transformer, or waits where it does not, loses utilisation
 at small batches whatever its FLOPs. Counted here on the CPU with a ``TorchDispatchMode``
@@ -51,10 +51,6 @@ SYSTEMS = ("multipath_transformer_multi30k", "multipath_transformer_6l_4p", "wid
 OPERATORS, THROUGHPUT = 1.10, 0.95
 #: The MoE layer's operators per call (``moe_layer``), at most.
 MOE = 100
-#: Operators that only change a tensor's metadata, listed apart in ``excess``
-VIEWS = {"view", "_unsafe_view", "t", "transpose", "unsqueeze", "squeeze", "expand", "slice", "select", "detach",
-         "permute", "alias", "as_strided", "unbind", "split", "split_with_sizes", "chunk", "narrow"}
-
 
 def counts(counter: OperatorCounter) -> dict:
     return {"operators": counter.operators, "host_waits": counter.host_waits, "atomic_adds": counter.atomic_adds,

@@ -3,9 +3,11 @@ per FLOP"): the ATen operators and host waits of one training step of each archi
 preset against its stock twin at equal training FLOPs (on a GPU each operator is a kernel launch,
 on the CPU a dispatch), and of one MoE layer call against the dense FFN, whatever the machine's speed."""
 
+import json
+
 import pytest
 
-from testing_utils import benchmark
+from testing_utils import REPO, benchmark
 
 #: preset -> (its operators, its twin's) in one training step, as counted when last changed; the
 #: twin's encoder depth is the one of equal training FLOPs.
@@ -23,6 +25,27 @@ MARGIN = 0.005
 @pytest.fixture(scope="module")
 def counted():
     return benchmark("operator_counts", "--systems", ";".join(RECORDED))
+
+
+#: The committed cost table (docs/benchmarks.md, "Cost per FLOP"), every preset's row.
+TABLE = json.loads((REPO / "docs" / "data" / "cost_table.json").read_text())
+ROWS = {name: row for name, row in TABLE.items() if isinstance(row, dict) and "train" in row}
+
+
+@pytest.mark.parametrize("preset", ROWS)
+def test_the_committed_table_meets_the_targets(preset):
+    train = ROWS[preset]["train"]
+    assert train["operators"] <= TABLE["targets"]["operators"] * train["twin"]["operators"], train
+    assert train["host_waits"] <= train["twin"]["host_waits"], train
+
+
+def test_the_committed_table_counts_what_the_code_runs(counted):
+    """The operators do not depend on the batch, so the table's rows (its own batch and vocabulary)
+    hold the counts of a run today: a change that moves them commits the table again."""
+    for preset in RECORDED:
+        assert counted[preset]["train"]["operators"] == ROWS[preset]["train"]["operators"], preset
+        assert counted[preset]["decode"]["operators"] == ROWS[preset]["decode"]["operators"], preset
+    assert counted["moe_layer"] == TABLE["moe_layer"]
 
 
 @pytest.mark.parametrize("preset", RECORDED)

@@ -216,7 +216,7 @@ def cost(name: str) -> str:
     lines = [f"{table['date']}, {table['hardware']}, `{table['command']}`: batches of {table['batch_size']} x "
              f"{table['src_len']} + {table['tgt_len']} tokens, vocabulary {table['vocab']:,}.", "",
              "| preset | twin encoder layers | training operators / twin's | host waits (twin) | atomic adds (twin) "
-             "| decoding operators / twin's | decoding waits (twin) | CPU throughput per FLOP / twin's (time over the twin's) | most run more often "
+             "| decoding operators / twin's | decoding waits, atomic adds (twin) | CPU throughput per FLOP / twin's (time over the twin's) | most run more often "
              "than the twin (training) |", "|---|---|---|---|---|---|---|---|---|"]
     for system, row in table.items():
         if not isinstance(row, dict) or "train" not in row:
@@ -229,7 +229,8 @@ def cost(name: str) -> str:
         lines.append(f"| `{system}` | {row['twin_encoder_layers']} | {train['operators']:,} / {train['twin']['operators']:,} "
                      f"= {train['ratio']:.3f} | {train['host_waits']} ({train['twin']['host_waits']}) | "
                      f"{train['atomic_adds']} ({train['twin']['atomic_adds']}) | {decode['ratio']:.3f} | "
-                     f"{decode['host_waits']} ({decode['twin']['host_waits']}) | {speed} | {more} |")
+                     f"{decode['host_waits']}, {decode['atomic_adds']} ({decode['twin']['host_waits']}, "
+                     f"{decode['twin']['atomic_adds']}) | {speed} | {more} |")
     return "\n".join(lines)
 
 

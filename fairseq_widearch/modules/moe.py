@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .batched_linear import BatchedLinear
 
@@ -237,6 +238,7 @@ class Gate(torch.autograd.Function):
         return top / total if router.renormalize else top, balance_loss, choice, position, load, kept_load
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_gate, grad_balance, *_):
         x, weight, probs, choice, direction, real, top, total = ctx.saved_tensors
         grad = torch.zeros_like(probs)
@@ -297,8 +299,9 @@ def _tanh_gelu(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-#: The experts' activations, fairseq's ``--activation-fn`` choices: name -> (the function, its
-#: gradient from the incoming gradient, the input and the output), one ATen operator each in fp32.
+#: The experts' activations, the names fairseq's ``get_activation_fn`` knows: name -> (the function,
+#: its gradient from the incoming gradient, the input and the output), one ATen operator each in fp32
+#: but ``relu_squared``.
 #: ``gelu_accurate`` and ``gelu_fast`` are the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x +
 #: 0.044715·x³))), the released code's ``gelu``, as torch's own kernel (fairseq's runs seven
 #: elementwise operators); ``gelu`` computes in fp32 as fairseq's does.
@@ -309,6 +312,8 @@ ACTIVATIONS = {
     "gelu_fast": (_tanh_gelu, lambda grad, x, y: torch.ops.aten.gelu_backward(grad, x, approximate="tanh")),
     "tanh": (torch.tanh, lambda grad, x, y: torch.ops.aten.tanh_backward(grad, y)),
     "linear": (lambda x: x, lambda grad, x, y: grad),
+    "relu_squared": (lambda x: F.relu(x).pow(2), lambda grad, x, y: grad * 2 * F.relu(x)),
+    "swish": (F.silu, lambda grad, x, y: torch.ops.aten.silu_backward(grad, x)),
 }
 
 
@@ -465,6 +470,7 @@ class Move(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_y):
         (position, inputs, hidden, activated, inner_mask, inner, w1, w2, out, outer, outer_mask, rows,
          weights) = ctx.saved_tensors
