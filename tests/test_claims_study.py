@@ -18,9 +18,8 @@ from fairseq_widearch.experiments.claims import SCALABLE_TASK, Claim, System
 #: per-width scoring) on `scalable_transformer_tiny`: not paper claims.
 WIDENET_TINY = System("widenet_tiny", ("--arch", "widenet_tiny"))
 TINY = {claim.name: claim for claim in [
-    Claim("tiny", "smoke test: two tiny presets",
-          (WIDENET_TINY, System("multipath_transformer_tiny", ("--arch", "multipath_transformer_tiny"))),
-          (("widenet_tiny", "multipath_transformer_tiny"),)),
+    Claim("tiny", "smoke test: two tiny presets, no comparison (so no second seed)",
+          (WIDENET_TINY, System("multipath_transformer_tiny", ("--arch", "multipath_transformer_tiny"))), ()),
     Claim("tiny_one", "the first system of tiny alone: one run", (WIDENET_TINY,), ()),
     Claim("tiny_scalable", "smoke test: the scalable path on its tiny preset",
           (System("scalable_tiny", ("--arch", "scalable_transformer_tiny", *SCALABLE_TASK), widths=(64, 128)),),
@@ -63,14 +62,14 @@ def test_the_study_resumes_interrupted_runs_and_skips_finished_ones(multi30k_sli
     _, [whole] = run_study(multi30k_slice_bin, tmp_path / "whole", claims="tiny_one")
     first = next(r for r in resumed if r["system"] == claim.systems[0].name and r["seed"] == 1)
     assert without_timing([{**first, "claim": "tiny_one"}]) == without_timing([whole])
-    # Both tiny systems end within 1 BLEU of each other, so each ran with seeds 1 and 2.
-    assert sorted((r["system"], r["seed"]) for r in resumed) == sorted(
-        (s.name, seed) for s in claim.systems for seed in (1, 2))
+    # the claim compares nothing, so each system ran with seed 1 alone (the second seed's rule has
+    # tests of its own)
+    assert sorted((r["system"], r["seed"]) for r in resumed) == sorted((s.name, 1) for s in claim.systems)
     assert all(r["epochs"] == 2 and r["updates"] > 0 and r["bleu_signature"].startswith("nrefs:1") for r in resumed)
     assert all(name in table for name in ("widenet_tiny", "multipath_transformer_tiny"))
     assert (tmp_path / "resumed" / "claim_tiny.png").stat().st_size > 0
     # each row keeps its curve, fairseq's validation loss after each epoch, the resumed epoch once
-    assert [len(r["valid_curve"]) for r in resumed] == [2] * 4
+    assert [len(r["valid_curve"]) for r in resumed] == [2] * 2
     assert first["valid_curve"] == study.curve(interrupted, claim.systems[0])
     # Run again: everything is done, nothing trains, no row is added.
     logs = {p: p.stat().st_size for p in (tmp_path / "resumed").rglob("train.log")}
