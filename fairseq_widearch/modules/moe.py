@@ -282,10 +282,9 @@ class ExpertForm:
         """Whether the experts apply the sub-layer's output dropout themselves (``released``)."""
         return self.output_dropout_module is not None
 
-    def ffn(self, x: Tensor, linear=None) -> Tensor:
-        """The expert FFN of x; ``linear(layer, h)`` applies ``fc1``/``fc2`` (default: ``layer(h)``)."""
-        linear = linear or (lambda layer, h: layer(h))
-        out = linear(self.fc2, self.activation_dropout_module(self.activation_fn(linear(self.fc1, x))))
+    def ffn(self, x: Tensor) -> Tensor:
+        """The expert FFN of x by autograd (``Move`` writes the experts' gradient out)."""
+        out = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
         if self.output_dropout_module is None:
             return out
         return self.output_dropout_module(self.activation_fn(out))
@@ -299,6 +298,9 @@ def _tanh_gelu(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+_TANH_GELU = (_tanh_gelu, lambda grad, x, y: torch.ops.aten.gelu_backward(grad, x, approximate="tanh"))
+
+
 #: The experts' activations, the names fairseq's ``get_activation_fn`` knows: name -> (the function,
 #: its gradient from the incoming gradient, the input and the output), one ATen operator each in fp32
 #: but ``relu_squared``.
@@ -308,8 +310,8 @@ def _tanh_gelu(x: Tensor) -> Tensor:
 ACTIVATIONS = {
     "relu": (F.relu, lambda grad, x, y: torch.ops.aten.threshold_backward(grad, y, 0)),
     "gelu": (_gelu, lambda grad, x, y: torch.ops.aten.gelu_backward(grad.float(), x.float()).type_as(grad)),
-    "gelu_accurate": (_tanh_gelu, lambda grad, x, y: torch.ops.aten.gelu_backward(grad, x, approximate="tanh")),
-    "gelu_fast": (_tanh_gelu, lambda grad, x, y: torch.ops.aten.gelu_backward(grad, x, approximate="tanh")),
+    "gelu_accurate": _TANH_GELU,
+    "gelu_fast": _TANH_GELU,
     "tanh": (torch.tanh, lambda grad, x, y: torch.ops.aten.tanh_backward(grad, y)),
     "linear": (lambda x: x, lambda grad, x, y: grad),
     "relu_squared": (lambda x: F.relu(x).pow(2), lambda grad, x, y: grad * 2 * F.relu(x)),
@@ -430,6 +432,17 @@ def undropped(module: FairseqDropout, grad: Tensor, kept: Optional[Tensor]) -> T
     return grad * kept
 
 
+def to_slots(rows: Tensor, position: Tensor, slots: int) -> Tensor:
+    """``rows`` ``(N·k, d)`` copied to their ``position`` in a zeroed ``(slots + 1, d)`` buffer (row 0,
+    the spare, takes every unkept one) -> the ``slots`` rows past the spare."""
+    return rows.new_zeros(slots + 1, rows.shape[1]).index_copy_(0, position, rows)[1:]
+
+
+def from_slots(buffer: Tensor, position: Tensor) -> Tensor:
+    """The rows of ``buffer`` ``(slots, d)`` at ``position`` ``(N·k,)``, 0 reading a zero row."""
+    return F.pad(buffer, (0, 0, 1, 0)).index_select(0, position)
+
+
 class Move(torch.autograd.Function):
     """The kept assignments copied into capacity-sized expert buffers (one ``index_copy``, the
     dropped and padding ones to a spare row), the E expert FFNs as two batched products, the outputs
@@ -451,8 +464,7 @@ class Move(torch.autograd.Function):
         ctx.experts, ctx.dtypes = experts, (tokens.dtype, gate.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
         with torch.autocast(device, enabled=False):
             x = tokens.to(dtype)
-            buffer = x.new_zeros(E * capacity + 1, d).index_copy_(0, position, x.repeat(1, k).view(N * k, d))
-            inputs = buffer[1:].view(E, capacity, d)
+            inputs = to_slots(x.repeat(1, k).view(N * k, d), position, E * capacity).view(E, capacity, d)
             w1, w2 = w1.to(dtype), w2.to(dtype)
             hidden = torch.baddbmm(b1.to(dtype)[:, None], inputs, w1)
             activated = activation_fn(hidden)
@@ -462,7 +474,7 @@ class Move(torch.autograd.Function):
             if experts.output_dropout_module is not None:  # released: the activation and dropout again
                 outer = activation_fn(out)
                 last, outer_mask = dropped(experts.output_dropout_module, outer)
-            rows = F.pad(last.view(E * capacity, d), (0, 0, 1, 0)).index_select(0, position).view(N, k, d)
+            rows = from_slots(last.view(E * capacity, d), position).view(N, k, d)
             weights = gate.to(dtype)[..., None]
             y = (rows * weights).sum(dim=1)
         ctx.save_for_backward(position, inputs, hidden, activated, inner_mask, inner, w1, w2, out, outer, outer_mask,
@@ -480,7 +492,7 @@ class Move(torch.autograd.Function):
         grad_y = grad_y.to(rows.dtype)[:, None]
         grad_gate = (rows * grad_y).sum(dim=-1).to(gate_dtype)
         grad_rows = (grad_y * weights).view(N * k, d)
-        grad = grad_rows.new_zeros(E * capacity + 1, d).index_copy_(0, position, grad_rows)[1:].view(E, capacity, d)
+        grad = to_slots(grad_rows, position, E * capacity).view(E, capacity, d)
         if outer is not None:
             grad = gradient(undropped(experts.output_dropout_module, grad, outer_mask), out, outer)
         grad_b2, grad_w2 = grad.sum(dim=1), inner.transpose(1, 2).bmm(grad)
@@ -488,6 +500,6 @@ class Move(torch.autograd.Function):
         grad = gradient(undropped(experts.activation_dropout_module, grad, inner_mask), hidden, activated)
         grad_b1, grad_w1 = grad.sum(dim=1), inputs.transpose(1, 2).bmm(grad)
         grad = grad.bmm(w1.transpose(1, 2)).view(E * capacity, d)
-        grad_tokens = F.pad(grad, (0, 0, 1, 0)).index_select(0, position).view(N, k, d).sum(dim=1)
+        grad_tokens = from_slots(grad, position).view(N, k, d).sum(dim=1)
         return (grad_tokens.to(tokens_dtype), grad_gate, None, None, None, grad_w1.to(w1_dtype), grad_b1.to(b1_dtype),
                 grad_w2.to(w2_dtype), grad_b2.to(b2_dtype))
