@@ -1,19 +1,12 @@
-"""Safe loading of fairseq checkpoints under torch >= 2.6.
-
-torch >= 2.6 loads with ``weights_only=True`` by default, and fairseq's
-``checkpoint_utils.load_checkpoint_to_cpu`` calls plain ``torch.load``: every fairseq
-checkpoint holds an ``argparse.Namespace`` (``args`` or ``cfg.model``) and older ones hold
-omegaconf containers, so stock fairseq refuses its own checkpoints. Instead of turning the
-protection off (``weights_only=False`` or ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``), we add to
-torch's allow-list exactly the classes a fairseq checkpoint holds. Any other pickled global is
-still refused with torch's ``UnpicklingError``.
+"""Loading and writing fairseq checkpoints: the classes a fairseq checkpoint holds (which the fix
+``fairseq_fixes.allow_fairseq_checkpoint_globals`` adds to torch's weights-only allow-list, instead
+of turning the protection off), the error naming an unreadable checkpoint, the plugin's config
+upgrades of its older checkpoints, and checkpoints derived from a loaded one.
 """
 import argparse
 import collections
 import functools
-import pickle
 import typing
-import zipfile
 
 import torch
 from fairseq.distributed.utils import _TensorPlaceholder
@@ -50,17 +43,6 @@ FAIRSEQ_CHECKPOINT_GLOBALS = [
 ]
 
 
-def allow_fairseq_checkpoint_globals():
-    """Add ``FAIRSEQ_CHECKPOINT_GLOBALS`` to torch's weights-only allow-list.
-
-    Idempotent; called when ``fairseq_widearch`` is imported. A no-op on torch < 2.4,
-    which has no allow-list (and loads without ``weights_only`` by default).
-    """
-    add = getattr(torch.serialization, "add_safe_globals", None)
-    if add is not None:
-        add(FAIRSEQ_CHECKPOINT_GLOBALS)
-
-
 class CheckpointReadError(RuntimeError):
     """A checkpoint file that cannot be read (truncated, corrupted, not a checkpoint)."""
 
@@ -70,36 +52,28 @@ class CheckpointReadError(RuntimeError):
 CONFIG_UPGRADES = []
 
 
-def name_unreadable_checkpoints():
-    """Make fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` (used by resume, generate,
-    interactive and the hub interface) raise ``CheckpointReadError`` naming the file when it
-    cannot be read, instead of torch's zip or pickle error, and apply ``CONFIG_UPGRADES`` to
-    what it reads. A class refused by weights-only
-    loading keeps torch's own error, which names the class. Idempotent."""
+def upgrade_loaded_configs():
+    """Make fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` (resume, generate, interactive, the
+    hub interface) apply ``CONFIG_UPGRADES`` to the model config it reads: the plugin's own
+    checkpoints saved before a default changed are rebuilt as they were trained. Not one of the
+    fairseq fixes (``fairseq_fixes``): it serves the plugin's checkpoints, whatever fixes are on.
+    Idempotent."""
     from fairseq import checkpoint_utils
 
     load = checkpoint_utils.load_checkpoint_to_cpu
-    if getattr(load, "names_unreadable_checkpoints", False):
+    if getattr(load, "upgrades_configs", False):
         return
 
     @functools.wraps(load)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
-        try:
-            state = load(path, *args, **kwargs)
-        except FileNotFoundError:
-            raise
-        except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
-            if "GLOBAL" in str(error):  # a class refused by weights-only loading: torch names it
-                raise
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else "unexpected end of file"
-            raise CheckpointReadError(f"cannot read checkpoint {path} (truncated or corrupted?): {reason}") from None
+        state = load(path, *args, **kwargs)
         model_cfg = (state.get("cfg") or {}).get("model") if isinstance(state, dict) else None
         for upgrade in CONFIG_UPGRADES:
             if model_cfg is not None:
                 upgrade(model_cfg)
         return state
 
-    load_checkpoint_to_cpu.names_unreadable_checkpoints = True
+    load_checkpoint_to_cpu.upgrades_configs = True
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
 

@@ -2,87 +2,318 @@
 ``import fairseq_widearch``), for every architecture, stock ones included. Each replaces a silent
 wrong answer by the right one or by an error; nothing else of fairseq's behaviour changes.
 
-* ``keep_last_batch``: upstream fairseq (``ve-fairseq`` 0.12.3) drops the last batch of every
-  epoch, validation pass and decoding run when its size is not a multiple of
-  ``--required-batch-size-multiple`` (upstream issues #5036, #5351).
-* ``require_auxiliary_criterion``: a model whose objective has auxiliary losses (WideNet's
-  balance loss, latent depth's KL and target depth) trained with a criterion that drops them. The
-  same start-up hook tells the plugin's decoders when the criterion reads alignments in training
-  (``label_smoothed_cross_entropy_with_alignment``; else they compute none there,
-  ``fairseq_widearch.models.base.AlignmentsWhenRead``).
-* ``resume_patience``: a resumed ``fairseq-train --patience N`` forgets how many validations
-  had not improved, and takes its first validation after resuming as the best.
-* ``finished_runs_stay_finished``: ``fairseq-train`` resumed from a checkpoint that already
-  has ``--max-update`` updates trains one more update and saves it over ``checkpoint_last.pt``.
-* ``amp_loss_scaler_flags``: ``--amp`` starts its loss scale at ``--fp16-init-scale`` instead
-  of ``--amp-init-scale``, and ``--amp-scale-window W`` grows the scale every
-  ``--amp-init-scale`` updates instead of every W.
-* ``bf16_without_tpu``: ``fairseq-train --bf16`` turns on ``--tpu`` (upstream issue #4696), and
-  without torch_xla fails at start, on a GPU as on a CPU.
-* ``bf16_inference``: ``fairseq-generate --bf16`` (and ``fairseq-interactive``, the hub
-  interface) decodes in fp32, ignoring the flag.
-* ``torchrun_joins_one_group``: workers started by ``torchrun`` train as independent runs (or,
-  without CUDA, fail) unless ``--distributed-world-size`` matches, which its default does only on
-  a machine with as many GPUs as workers; a group that ``torchrun --max-restarts`` starts again
-  hangs in its distributed init.
-* ``bmuf_world_size``: under torchrun or SLURM, ``--use-bmuf`` reads a world size of 1 and never
-  synchronises.
-* ``pytorch_ddp_on_cpu``: ``--ddp-backend pytorch_ddp``, the default, fails on CPU workers.
-* ``heartbeat_ends_a_hung_job``: ``--heartbeat-timeout`` logs that it kills a worker that makes no
-  progress, but its SIGINT cannot end one that waits in a collective for a hung peer.
-* ``checkpoint_copies_are_atomic``: a kill while fairseq copies a saved checkpoint to
-  ``checkpoint_last.pt`` leaves that file cut short.
-* ``help_lists_model_flags``: ``fairseq-train --arch X --help`` (``fairseq-generate`` alike)
-  prints its help before it adds the flags of X, its task and its criterion, so none of them show.
-* ``presets_reach_the_criterion``: under ``fairseq-hydra-train`` an architecture preset's settings
-  of its criterion's fields (latent depth's training schedule) do not reach the criterion, which
-  trains with its own defaults.
-* ``prefetching_stops_at_exit``: ``fairseq-train`` stopped mid-epoch (``--max-update``,
-  ``--max-valid-steps``) can abort at exit ("terminate called without an active exception",
-  exit status 134 or -6) after it has finished and saved.
+Each fix is declared once, in ``FIXES``, by the ``@fix`` decorator on the function that builds
+its replacements: what it replaces (``module:Qual.name``), what it was written for (the source
+fingerprints in ``WRITTEN_FOR``), the upstream issue where there is one, and the launchers it is
+tested under (``TRAINING``, ``DECODING``). ``apply_fixes`` applies them, each at most once:
+
+* **every launcher**: a function of a ``fairseq_cli`` module is replaced in every copy of that
+  module, the imported one and the one that ``python -m``, torchrun or fairseq's spawn runs as the
+  program (``__main__``, ``__mp_main__``), whose ``main`` calls its own functions;
+* **off switch**: ``FAIRSEQ_WIDEARCH_FIXES`` (read at import) takes ``all`` (the default), ``none``,
+  or a comma list of fixes to leave out; an unknown name stops the program with one line naming
+  the known ones;
+* **pinned**: a fix whose target's source differs from the one it was written for (another fairseq)
+  leaves that target as it is and warns once (``FixNotApplied``), naming the fix and the target.
+
+docs/fairseq_fixes.md lists them from ``FIXES`` (``tools/figures.py``).
 """
 import atexit
 import dataclasses
 import functools
+import hashlib
+import importlib
 import importlib.util
+import inspect
 import logging
 import math
 import os
+import pickle
 import queue
 import shutil
 import signal as signal_module
 import sys
+import textwrap
 import time
 import urllib.parse
+import warnings
 import weakref
-from typing import Optional
+import zipfile
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
 from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
-from fairseq.data import data_utils
-from fairseq import options
-from fairseq.distributed import utils as distributed_utils
-from fairseq.models import BaseFairseqModel
-from fairseq.optim.amp_optimizer import AMPOptimizer
-from fairseq.tasks import FairseqTask, LegacyFairseqTask
-from fairseq.trainer import Trainer
+
+ENVIRONMENT = "FAIRSEQ_WIDEARCH_FIXES"
+#: The ways fairseq is started that the fixes are tested under: training, then decoding.
+TRAINING = ("fairseq-train", "python -m fairseq_cli.train", "torchrun", "spawn", "fairseq-hydra-train")
+DECODING = ("fairseq-generate", "python -m fairseq_cli.generate", "fairseq-interactive")
+#: The training launchers whose runs a test can watch from inside (a spy on a class, a copy cut
+#: short): the fixes tested only there act in each process the same way, under torchrun and spawn too.
+IN_PROCESS_TRAINING = ("fairseq-train", "python -m fairseq_cli.train", "fairseq-hydra-train")
+#: The attribute naming the fix a replacement belongs to (each replacement keeps what it replaced
+#: in ``__wrapped__``, so a chain of fixes on one target is followed to fairseq's own function).
+MARK = "__fairseq_widearch_fix__"
+
+#: What the fixes were written for: ``module:Qual.name`` -> the first 12 hex digits of the sha256
+#: of that function's or class's source (``fingerprint``) in ve-fairseq 0.12.3.
+WRITTEN_FOR = {
+    "fairseq.checkpoint_utils:load_checkpoint_to_cpu": "96f7d33cde8e",
+    "fairseq.data.data_utils:batch_by_size": "10c0b48b4735",
+    "fairseq.trainer:Trainer.__init__": "15dd9cb1abfb",
+    "fairseq.trainer:Trainer.save_checkpoint": "39af76675f38",
+    "fairseq.trainer:Trainer.load_checkpoint": "31d0e74e6cc6",
+    "fairseq_cli.train:train": "db4e58992bbc",
+    "fairseq.optim.amp_optimizer:AMPOptimizer.__init__": "8828ca1673de",
+    "fairseq.distributed.utils:call_main": "c2a32fa44fa2",
+    "fairseq.models:BaseFairseqModel.prepare_for_inference_": "86639b2e980f",
+    "fairseq.distributed.utils:infer_init_method": "340321c1d2a1",
+    "fairseq.distributed.utils:distributed_main": "239272195925",
+    "fairseq.models.distributed_fairseq_model:DistributedFairseqModel": "caa68bcad9ad",
+    "fairseq.distributed.distributed_timeout_wrapper:DistributedTimeoutWrapper.__init__": "22ca26a7cedb",
+    "fairseq.file_io:PathManager.copy": "e4ce3f5c1ff0",
+    "fairseq.data.iterators:BufferedIterator._create_consumer": "ea6069b92254",
+    "fairseq.options:parse_args_and_arch": "535ef0431681",
+    "fairseq.tasks.fairseq_task:FairseqTask.build_model": "41525175b483",
+    "fairseq.tasks.fairseq_task:FairseqTask.build_criterion": "9919fd4be6e6",
+    "fairseq.tasks.fairseq_task:LegacyFairseqTask.build_model": "30e487ace1f0",
+    "fairseq.tasks.fairseq_task:LegacyFairseqTask.build_criterion": "2f76963e89cb",
+}
 
 
-def keep_last_batch():
-    """Make ``fairseq.data.data_utils.batch_by_size`` keep the remainder as a batch of its own.
+class FixNotApplied(UserWarning):
+    """A fix left out because what it replaces is not what it was written for."""
 
-    ``batch_by_size`` (used by every task's ``get_batch_iterator``: training, validation,
-    fairseq-generate, fairseq-interactive, the hub interface) ends with
-    ``if bsz_mult > 1 and len(b[-1]) % bsz_mult != 0: b = b[:-1]``. Batches are sorted by length,
-    so the dropped sentences are always the longest: Multi30k ``val`` validates 1,008 of its 1,014
-    sentences, and fairseq-generate's BLEU silently covers a subset. fairseq 0.12.2 kept them; so
-    does this wrapper. Idempotent.
-    """
-    original = data_utils.batch_by_size
-    if getattr(original, "keeps_last_batch", False):
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One fix: ``build`` takes the current value of each target of ``replaces`` and returns its
+    replacement (a tuple for several; a fix that replaces nothing acts when built); ``pins``: the
+    targets whose source must be the one in ``WRITTEN_FOR``; ``launchers``: those it is tested under."""
+    name: str
+    replaces: Tuple[str, ...]
+    pins: Tuple[str, ...]
+    launchers: Tuple[str, ...]
+    upstream: Optional[str]
+    build: Callable
+
+    @property
+    def why(self) -> str:
+        """The first paragraph of the fix's docstring, on one line."""
+        return " ".join(inspect.getdoc(self.build).split("\n\n")[0].split())
+
+
+FIXES: Dict[str, Fix] = {}
+
+
+def fix(*replaces: str, launchers: Tuple[str, ...], pins: Tuple[str, ...] = None, upstream: str = None):
+    """Declare the decorated builder a fix named after it (see ``Fix``)."""
+    def register(build):
+        FIXES[build.__name__] = Fix(build.__name__, replaces, replaces if pins is None else pins, launchers, upstream,
+                                    build)
+        return build
+    return register
+
+
+def module_copies(name: str) -> list:
+    """Every loaded copy of the module ``name``: the imported one, and the one that ``python -m``
+    (torchrun, fairseq's spawn) runs as the program (``__main__``, ``__mp_main__``)."""
+    copies = [importlib.import_module(name)]
+    for program in ("__main__", "__mp_main__"):
+        module = sys.modules.get(program)
+        if getattr(getattr(module, "__spec__", None), "name", None) == name and module not in copies:
+            copies.append(module)
+    return copies
+
+
+def owners(target: str) -> list:
+    """``(object, attribute)`` holding ``target`` (``module:Qual.name``) in each copy of its module."""
+    module, qualname = target.split(":")
+    *path, attribute = qualname.split(".")
+    found = []
+    for owner in module_copies(module):
+        for part in path:
+            owner = getattr(owner, part)
+        found.append((owner, attribute))
+    return found
+
+
+def fixes_on(value) -> set:
+    """The fixes whose replacements ``value`` is or wraps."""
+    names = set()
+    while value is not None:
+        names.add(getattr(value, MARK, None))
+        value = getattr(value, "__wrapped__", None)
+    return names - {None}
+
+
+def fingerprint(value) -> Optional[str]:
+    """The first 12 hex digits of the sha256 of the source of ``value`` under any fix's replacement
+    (``inspect.unwrap``); None where its source cannot be read."""
+    try:
+        source = inspect.getsource(inspect.unwrap(value))
+    except (OSError, TypeError):
+        return None
+    return hashlib.sha256(textwrap.dedent(source).encode()).hexdigest()[:12]
+
+
+_WARNED = set()
+
+
+def _pinned(fix_: Fix) -> bool:
+    """Whether every target ``fix_`` pins is what it was written for; if not, warn once."""
+    for target in fix_.pins:
+        for owner, attribute in owners(target):
+            found = fingerprint(getattr(owner, attribute))
+            if found != WRITTEN_FOR[target]:
+                if fix_.name not in _WARNED:
+                    _WARNED.add(fix_.name)
+                    reason = "its source cannot be read" if found is None else (
+                        f"its source (sha256 {found}) differs from the one the fix was written for "
+                        f"({WRITTEN_FOR[target]}, ve-fairseq 0.12.3)")
+                    warnings.warn(f"fairseq_widearch: fix {fix_.name} not applied: {target}: {reason}; "
+                                  f"fairseq's own is kept", FixNotApplied, stacklevel=3)
+                return False
+    return True
+
+
+def _replace(owner, attribute, current, replacement, name):
+    """Put ``replacement`` of fix ``name`` in place of ``current`` (a static method stays one)."""
+    setattr(replacement, MARK, name)
+    if getattr(replacement, "__wrapped__", None) is None:
+        replacement.__wrapped__ = current
+    if isinstance(inspect.getattr_static(owner, attribute), staticmethod):
+        replacement = staticmethod(replacement)
+    setattr(owner, attribute, replacement)
+    namespace = getattr(inspect.unwrap(current), "__globals__", None)  # (fairseq decorates some)
+    if inspect.ismodule(owner) and namespace is not None and namespace is not vars(owner) \
+            and namespace.get(attribute) is current:
+        # multiprocessing's spawned __mp_main__ holds a copy of the namespace its functions read
+        namespace[attribute] = replacement
+
+
+_BUILT = set()  # fixes that replace nothing, once built
+
+
+def _apply(fix_: Fix):
+    if not _pinned(fix_):
         return
+    if not fix_.replaces:
+        if fix_.name not in _BUILT:
+            fix_.build()
+            _BUILT.add(fix_.name)
+        return
+    for places in zip(*(owners(target) for target in fix_.replaces)):  # one module copy at a time
+        currents = [getattr(owner, attribute) for owner, attribute in places]
+        if fix_.name in fixes_on(currents[0]):
+            continue
+        built = fix_.build(*currents)
+        for (owner, attribute), current, replacement in zip(places, currents, built if len(places) > 1 else [built]):
+            _replace(owner, attribute, current, replacement, fix_.name)
+
+
+def selected_fixes(setting: str = None) -> list:
+    """The fixes ``FAIRSEQ_WIDEARCH_FIXES`` (or ``setting``) selects: ``all`` (also when unset),
+    ``none``, or every fix but those of a comma list. An unknown name exits with one line."""
+    setting = (os.environ.get(ENVIRONMENT, "all") if setting is None else setting).strip()
+    if setting in ("", "all"):
+        return list(FIXES)
+    if setting == "none":
+        return []
+    left_out = [name.strip() for name in setting.split(",") if name.strip()]
+    unknown = [name for name in left_out if name not in FIXES]
+    if unknown:
+        raise SystemExit(f"{ENVIRONMENT}={setting}: no fix named {', '.join(unknown)}; it takes all, none, or a "
+                         f"comma list of fixes to leave out, of: {', '.join(FIXES)}")
+    return [name for name in FIXES if name not in left_out]
+
+
+_SELECTED = []
+
+
+def apply_fixes(setting: str = None):
+    """Apply the selected fixes (``selected_fixes``), each at most once per target.
+
+    Where one replaces a function of a ``fairseq_cli`` module, ``distributed_utils.call_main`` is
+    wrapped to apply it again before ``main`` runs: a program run as ``__main__`` after the plugin was
+    imported (``runpy``, a script that imports the plugin first) is a copy the import did not see."""
+    _SELECTED[:] = selected_fixes(setting)
+    for name in _SELECTED:
+        _apply(FIXES[name])
+    if any(target.startswith("fairseq_cli.") for name in _SELECTED for target in FIXES[name].replaces):
+        from fairseq.distributed import utils as distributed_utils
+
+        if "apply_fixes" not in fixes_on(distributed_utils.call_main):
+            _replace(distributed_utils, "call_main", distributed_utils.call_main,
+                     _reaching_main(distributed_utils.call_main), "apply_fixes")
+
+
+def _reaching_main(call_main):
+    @functools.wraps(call_main)
+    def reaching_main(cfg, main, **kwargs):
+        for name in _SELECTED:
+            if any(target.startswith("fairseq_cli.") for target in FIXES[name].replaces):
+                _apply(FIXES[name])
+        return call_main(cfg, main, **kwargs)
+    return reaching_main
+
+
+# ---- the fixes, in the order they are applied ----
+
+@fix(launchers=(*TRAINING, *DECODING), pins=("fairseq.checkpoint_utils:load_checkpoint_to_cpu",))
+def allow_fairseq_checkpoint_globals():
+    """torch >= 2.6 loads with ``weights_only=True``, and fairseq's ``load_checkpoint_to_cpu`` calls
+    plain ``torch.load``: stock fairseq cannot load the checkpoints it saves (they hold an
+    ``argparse.Namespace``), so resuming, fairseq-generate, fairseq-interactive and the hub fail.
+
+    Adds to torch's allow-list exactly the classes a fairseq checkpoint holds
+    (``checkpoint_loading.FAIRSEQ_CHECKPOINT_GLOBALS``); any other pickled global is still refused
+    with torch's ``UnpicklingError``. A no-op on torch < 2.4, which has no allow-list."""
+    from .checkpoint_loading import FAIRSEQ_CHECKPOINT_GLOBALS
+
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is not None:
+        add(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+@fix("fairseq.checkpoint_utils:load_checkpoint_to_cpu", launchers=(*TRAINING, *DECODING))
+def name_unreadable_checkpoints(load):
+    """A checkpoint cut short or corrupted stops resuming and decoding with torch's zip or pickle
+    error, which names neither the file nor the cause.
+
+    ``load_checkpoint_to_cpu`` (resume, generate, interactive, the hub) raises
+    ``checkpoint_loading.CheckpointReadError`` naming the file instead; a class refused by
+    weights-only loading keeps torch's own error, which names the class."""
+    from .checkpoint_loading import CheckpointReadError
+
+    @functools.wraps(load)
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        try:
+            return load(path, *args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+            if "GLOBAL" in str(error):  # a class refused by weights-only loading: torch names it
+                raise
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else "unexpected end of file"
+            raise CheckpointReadError(f"cannot read checkpoint {path} (truncated or corrupted?): {reason}") from None
+
+    return load_checkpoint_to_cpu
+
+
+@fix("fairseq.data.data_utils:batch_by_size", upstream="facebookresearch/fairseq#5036, #5351",
+     launchers=(*TRAINING, "fairseq-generate", "python -m fairseq_cli.generate"))
+def keep_last_batch(original):
+    """Upstream fairseq (``ve-fairseq`` 0.12.3) drops the last batch of every epoch, validation pass
+    and decoding run when its size is not a multiple of ``--required-batch-size-multiple``: the
+    longest sentences, since batches are sorted by length (Multi30k ``val`` validates 1,008 of its
+    1,014 sentences, and fairseq-generate's BLEU covers a subset).
+
+    ``batch_by_size`` (every task's ``get_batch_iterator``) ends with ``if bsz_mult > 1 and
+    len(b[-1]) % bsz_mult != 0: b = b[:-1]``; the remainder is kept as a batch of its own, as
+    fairseq 0.12.2 kept it."""
 
     @functools.wraps(original)
     def batch_by_size(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=None, max_sentences=None,
@@ -97,8 +328,7 @@ def keep_last_batch():
                 batches = [*batches, indices[batched:]]
         return batches
 
-    batch_by_size.keeps_last_batch = True
-    data_utils.batch_by_size = batch_by_size
+    return batch_by_size
 
 
 def auxiliary_criterion_error(model, criterion) -> Optional[str]:
@@ -123,14 +353,14 @@ def alignments_for_criterion(model, criterion):
         decoder.alignments_in_training = True
 
 
-def require_auxiliary_criterion():
-    """Stop fairseq-train at start-up (when its ``Trainer`` is built) if the criterion would drop
-    the model's auxiliary losses, with a message naming the criterion to use; and let the model
-    compute alignments in training where the criterion reads them (``alignments_for_criterion``).
-    Idempotent."""
-    original = Trainer.__init__
-    if getattr(original, "checks_auxiliary_criterion", False):
-        return
+@fix("fairseq.trainer:Trainer.__init__", launchers=TRAINING)
+def require_auxiliary_criterion(original):
+    """A model whose objective has auxiliary losses (WideNet's balance loss, latent depth's KL and
+    target depth) trains without an error under a criterion that drops them.
+
+    fairseq-train stops when its ``Trainer`` is built, naming the criterion to use
+    (``auxiliary_criterion_error``); the same hook lets the plugin's decoders compute alignments in
+    training where the criterion reads them (``alignments_for_criterion``)."""
 
     @functools.wraps(original)
     def __init__(self, cfg, task, model, criterion, *args, **kwargs):
@@ -140,38 +370,33 @@ def require_auxiliary_criterion():
         alignments_for_criterion(model, criterion)
         original(self, cfg, task, model, criterion, *args, **kwargs)
 
-    __init__.checks_auxiliary_criterion = True
-    Trainer.__init__ = __init__
+    return __init__
 
 
-def _should_stop_early():
-    """fairseq-train's early-stopping function, which keeps its state on itself."""
-    from fairseq_cli import train
+def _early_stopping() -> list:
+    """fairseq-train's early-stopping function, which keeps its state on itself, in each copy of
+    ``fairseq_cli.train`` (``python -m`` runs one as ``__main__``)."""
+    return [module.should_stop_early for module in module_copies("fairseq_cli.train")]
 
-    return train.should_stop_early
 
+@fix("fairseq.trainer:Trainer.save_checkpoint", "fairseq.trainer:Trainer.load_checkpoint", launchers=TRAINING)
+def resume_patience(save, load):
+    """A resumed ``fairseq-train --patience N`` forgets how many validations had not improved, and
+    takes its first validation after resuming as the best: it trains up to N validations longer
+    than the same run uninterrupted.
 
-def resume_patience():
-    """Keep ``--patience`` across a resumed fairseq-train.
-
-    ``fairseq_cli.train.should_stop_early`` holds the best validation loss and the number of
-    validations since it on the function object, which a new process starts afresh: an interrupted
-    run that resumes from ``checkpoint_last.pt`` trains up to ``--patience`` validations longer
-    than the same run uninterrupted, and the epochs or checkpoints it ends with differ. This stores
-    both in the checkpoint's extra state (key ``should_stop_early``) and restores them on load,
-    under fairseq's own condition for restoring the best checkpoint's loss (neither
-    ``--reset-optimizer`` nor ``--reset-meters``, so ``--finetune-from-model`` starts afresh).
-    Idempotent.
-    """
-    save, load = Trainer.save_checkpoint, Trainer.load_checkpoint
-    if getattr(save, "keeps_patience", False):
-        return
+    ``fairseq_cli.train.should_stop_early`` keeps both on the function object, which a new process
+    starts afresh. They are stored in the checkpoint's extra state (key ``should_stop_early``) and
+    restored on load, under fairseq's own condition for restoring the best checkpoint's loss
+    (neither ``--reset-optimizer`` nor ``--reset-meters``, so ``--finetune-from-model`` starts
+    afresh)."""
 
     @functools.wraps(save)
     def save_checkpoint(self, filename, extra_state):
-        stop = _should_stop_early()
-        if hasattr(stop, "best"):
-            extra_state = {**extra_state, "should_stop_early": {"best": stop.best, "num_runs": stop.num_runs}}
+        counted = [stop for stop in _early_stopping() if hasattr(stop, "best")]  # the copy that ran
+        if counted:
+            extra_state = {**extra_state, "should_stop_early": {"best": counted[-1].best,
+                                                                "num_runs": counted[-1].num_runs}}
         save(self, filename, extra_state)
 
     @functools.wraps(load)
@@ -180,29 +405,22 @@ def resume_patience():
         extra_state = load(self, filename, reset_optimizer, reset_lr_scheduler, optimizer_overrides, reset_meters)
         state = (extra_state or {}).get("should_stop_early")
         if state is not None and not reset_optimizer and not reset_meters:
-            stop = _should_stop_early()
-            stop.best, stop.num_runs = state["best"], state["num_runs"]
+            for stop in _early_stopping():
+                stop.best, stop.num_runs = state["best"], state["num_runs"]
         return extra_state
 
-    save_checkpoint.keeps_patience = True
-    Trainer.save_checkpoint, Trainer.load_checkpoint = save_checkpoint, load_checkpoint
+    return save_checkpoint, load_checkpoint
 
 
-def finished_runs_stay_finished():
-    """Train nothing when the run resumed from its checkpoint has ``--max-update`` updates already.
+@fix("fairseq_cli.train:train", launchers=TRAINING)
+def finished_runs_stay_finished(original):
+    """``fairseq-train`` resumed from a checkpoint that already has ``--max-update`` updates trains
+    one more update and saves it over ``checkpoint_last.pt``: every rerun of a finished command (a
+    resumable recipe) moves the model on by one update.
 
-    ``fairseq_cli.train.main`` checks ``--max-update`` only after an update (in
-    ``validate_and_save``), so running the same ``fairseq-train`` command again after it finished,
-    as a resumable recipe does, trains update N + 1 and saves it as ``checkpoint_last.pt`` (and a
-    ``checkpoint_E_N+1.pt`` under ``--save-interval-updates``): every rerun moves the model on by
-    one update. This wraps the per-epoch ``train`` that ``main`` calls, returning fairseq's own
-    "stop" before the first update. ``--max-update 0`` (no limit) is unaffected. Idempotent.
-    """
-    from fairseq_cli import train as train_cli
-
-    original = train_cli.train
-    if getattr(original, "stops_finished_runs", False):
-        return
+    ``fairseq_cli.train.main`` checks ``--max-update`` only after an update; the per-epoch ``train``
+    it calls returns fairseq's own "stop" before the first update instead. ``--max-update 0`` (no
+    limit) is unaffected."""
 
     @functools.wraps(original)
     def train(cfg, trainer, task, epoch_itr):
@@ -213,23 +431,16 @@ def finished_runs_stay_finished():
             return [None], True
         return original(cfg, trainer, task, epoch_itr)
 
-    train.stops_finished_runs = True
-    train_cli.train = train
+    return train
 
 
-def amp_loss_scaler_flags():
-    """Build ``--amp``'s loss scaler from the AMP flags.
+@fix("fairseq.optim.amp_optimizer:AMPOptimizer.__init__", launchers=IN_PROCESS_TRAINING)
+def amp_loss_scaler_flags(init):
+    """``--amp`` starts its loss scale at ``--fp16-init-scale`` instead of ``--amp-init-scale``, and
+    ``--amp-scale-window W`` grows the scale every ``--amp-init-scale`` updates instead of every W.
 
-    fairseq's ``AMPOptimizer`` gives ``torch.cuda.amp.GradScaler`` ``--fp16-init-scale`` as its
-    initial scale, and, when ``--amp-scale-window W`` is set, ``--amp-init-scale`` as its growth
-    interval: ``--amp-init-scale`` is never the initial scale, and the window is never W (128
-    updates with the defaults, whatever W). This rebuilds the scaler with ``--amp-init-scale`` and,
-    when set, ``--amp-scale-window`` (else torch's default interval, 2,000, as before). Both flags
-    at their defaults give the scaler fairseq built. Idempotent.
-    """
-    init = AMPOptimizer.__init__
-    if getattr(init, "uses_amp_flags", False):
-        return
+    The scaler is rebuilt with ``--amp-init-scale`` and, when set, ``--amp-scale-window`` (else
+    torch's default interval, 2,000, as before); both flags at their defaults give fairseq's."""
 
     @functools.wraps(init)
     def __init__(self, cfg, params, fp32_optimizer, **kwargs):
@@ -238,26 +449,18 @@ def amp_loss_scaler_flags():
         self._grad_scaler = torch.cuda.amp.GradScaler(init_scale=cfg.common.amp_init_scale,
                                                       **({"growth_interval": window} if window is not None else {}))
 
-    __init__.uses_amp_flags = True
-    AMPOptimizer.__init__ = __init__
+    return __init__
 
 
-def bf16_without_tpu():
-    """Let ``--bf16`` / ``--memory-efficient-bf16`` train where there is no TPU.
+@fix("fairseq.distributed.utils:call_main", upstream="facebookresearch/fairseq#4696", launchers=TRAINING)
+def bf16_without_tpu(original):
+    """``fairseq-train --bf16`` turns on ``--tpu`` and, without torch_xla, dies at start ("'NoneType'
+    object has no attribute 'xla_device'"), on a GPU as on a CPU.
 
-    fairseq's ``options.parse_args_and_arch`` sets ``args.tpu = True`` whenever ``--bf16`` is given
-    (upstream issue #4696), so ``fairseq-train --bf16`` on a GPU or a CPU dies in
-    ``utils.get_tpu_device`` ("'NoneType' object has no attribute 'xla_device'"). Apart from that
-    line, fairseq's trainer has a whole bf16 path: the model and criterion cast to bf16, batches'
-    floats cast, ``FP16Optimizer`` (or ``MemoryEfficientFP16Optimizer``) keeping fp32 master weights,
-    and no loss scaler. The plugin is imported inside that parse, after the line's function started,
-    so the fix sits at the next step, ``distributed_utils.call_main``: there ``--tpu`` goes back
-    to False when ``--bf16`` is on, ``--tpu`` was not on the command line and torch_xla is not
-    installed (where it is, ``--bf16`` keeps meaning a TPU, as upstream). Idempotent.
-    """
-    original = distributed_utils.call_main
-    if getattr(original, "bf16_without_tpu", False):
-        return
+    ``options.parse_args_and_arch`` sets ``args.tpu = True`` whenever ``--bf16`` is given; apart from
+    that line, fairseq's trainer has a whole bf16 path. At ``call_main`` ``--tpu`` goes back to
+    False when ``--bf16`` is on, ``--tpu`` was not on the command line and torch_xla is not
+    installed (where it is, ``--bf16`` keeps meaning a TPU, as upstream)."""
 
     @functools.wraps(original)
     def call_main(cfg, main, **kwargs):
@@ -266,22 +469,17 @@ def bf16_without_tpu():
             cfg.common.tpu = cfg.distributed_training.tpu = False  # the latter a copy, not a reference
         return original(cfg, main, **kwargs)
 
-    call_main.bf16_without_tpu = True
-    distributed_utils.call_main = call_main
+    return call_main
 
 
-def bf16_inference():
-    """Cast a model to bf16 for inference under ``--bf16``.
+@fix("fairseq.models:BaseFairseqModel.prepare_for_inference_", launchers=DECODING)
+def bf16_inference(original):
+    """``fairseq-generate --bf16`` (and ``fairseq-interactive``, the hub interface) decodes in fp32,
+    ignoring the flag.
 
-    ``fairseq-generate`` and ``fairseq-interactive`` cast the model to fp16 under ``--fp16`` and do
-    nothing under ``--bf16``, so the flag is accepted and the model decodes in fp32. Every inference
-    entry point (those two, the hub interface) calls ``model.prepare_for_inference_(cfg)`` once the
-    model is on its device: this wrapper casts there. Log-probabilities stay fp32 (fairseq's
-    ``log_softmax`` runs in fp32), as with ``--fp16``. Idempotent.
-    """
-    original = BaseFairseqModel.prepare_for_inference_
-    if getattr(original, "casts_bf16", False):
-        return
+    Every inference entry point calls ``model.prepare_for_inference_(cfg)`` once the model is on its
+    device: the model is cast to bf16 there. Log-probabilities stay fp32 (fairseq's
+    ``log_softmax`` runs in fp32), as with ``--fp16``."""
 
     @functools.wraps(original)
     def prepare_for_inference_(self, cfg):
@@ -289,8 +487,7 @@ def bf16_inference():
             self.to(dtype=torch.bfloat16)
         return original(self, cfg)
 
-    prepare_for_inference_.casts_bf16 = True
-    BaseFairseqModel.prepare_for_inference_ = prepare_for_inference_
+    return prepare_for_inference_
 
 
 #: The variables torchrun (and torch.distributed.launch) sets in every worker it starts.
@@ -308,37 +505,25 @@ def _attempt_rendezvous(url, **kwargs):
         yield torch.distributed.PrefixStore(f"attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store), rank, world
 
 
-def torchrun_joins_one_group():
-    """Join the workers torchrun starts into one process group, on CPUs as on GPUs, in every
-    attempt of a job that torchrun restarts.
+@fix("fairseq.distributed.utils:infer_init_method", upstream="pytorch/pytorch#135712", launchers=("torchrun",))
+def torchrun_joins_one_group(original):
+    """Workers started by ``torchrun`` train as independent runs (or, without CUDA, fail) unless
+    ``--distributed-world-size`` matches, which its default does only on a machine with as many GPUs
+    as workers; a group that ``torchrun --max-restarts`` starts again hangs in its distributed init.
 
     fairseq reads torchrun's variables only when ``--distributed-world-size`` is above 1, and its
-    default is the number of local GPUs (at least 1): on a CPU, on a machine with one GPU, or on
-    several machines with one GPU each, every worker trains alone, without an error, and all write
-    the same checkpoint files. Given ``--distributed-world-size`` on a machine without CUDA, it
-    fails in ``rank % torch.cuda.device_count()``. Under torchrun's variables this wrapper sets the
-    world size and rank from ``WORLD_SIZE`` and ``RANK``, the processes on this machine from
-    ``LOCAL_WORLD_SIZE``, the device from ``LOCAL_RANK`` (modulo its GPUs), ``env://`` as the init
-    method, and ``--distributed-no-spawn`` (torchrun has started the processes).
+    default is the number of local GPUs. Under torchrun's variables the world size and rank come from
+    ``WORLD_SIZE`` and ``RANK``, the processes on this machine from ``LOCAL_WORLD_SIZE``, the device
+    from ``LOCAL_RANK`` (modulo its GPUs), ``env://`` is the init method, and
+    ``--distributed-no-spawn`` is set. torchrun keeps its rendezvous store over restarts without a
+    prefix per attempt (torch 2.13), so a restarted group read the lost group's keys: where it
+    shares its store, the init method is ``ATTEMPT_INIT_METHOD``, whose keys carry the attempt
+    (``TORCHELASTIC_RESTART_COUNT``). Agents of several machines count their restarts apart, so such
+    a job stops at its start instead, naming the form that restarts (the c10d rendezvous with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
 
-    torchrun shares its rendezvous store with the workers (static and c10d rendezvous alike), and
-    keeps it over restarts, without a prefix per attempt (torch 2.13; PyTorch's upstream issue
-    #135712): the group a ``--max-restarts`` restart starts reads the keys the lost group wrote and
-    hangs in its distributed init, or fails in gloo's ``connectFullMesh``. There the init method is
-    ``ATTEMPT_INIT_METHOD``, whose keys carry the attempt (``TORCHELASTIC_RESTART_COUNT``): the
-    same for all workers of one machine. Agents of several machines count their restarts apart, so
-    that a restart would wait for the process group's timeout (30 minutes): such a job stops at
-    its start instead, naming the form that restarts (the c10d rendezvous with
-    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, a store per attempt). Idempotent.
-
-    Raises:
-        ValueError: when ``--distributed-world-size`` differs from ``WORLD_SIZE`` and from its
-            default (a value equal to the default cannot be told from the default, and yields);
-            when torchrun may restart the workers of several machines sharing its store.
-    """
-    original = distributed_utils.infer_init_method
-    if getattr(original, "reads_torchrun", False):
-        return
+    Raises ValueError when ``--distributed-world-size`` differs from ``WORLD_SIZE`` and from its
+    default, and when torchrun may restart the workers of several machines sharing its store."""
     torch.distributed.register_rendezvous_handler(ATTEMPT_INIT_METHOD.split(":")[0], _attempt_rendezvous)
 
     @functools.wraps(original)
@@ -364,11 +549,10 @@ def torchrun_joins_one_group():
         cfg.device_id = local % gpus if gpus else local
         cfg.distributed_no_spawn = True
 
-    infer_init_method.reads_torchrun = True
-    distributed_utils.infer_init_method = infer_init_method
+    return infer_init_method
 
 
-_fairseq_distributed_main = distributed_utils.distributed_main
+_fairseq_distributed_main = []
 
 
 def _distributed_main(i, main, cfg, kwargs):
@@ -377,99 +561,78 @@ def _distributed_main(i, main, cfg, kwargs):
     the plugin and run it too."""
     if "bmuf" in cfg:
         cfg.bmuf.distributed_world_size = cfg.distributed_training.distributed_world_size
-    return _fairseq_distributed_main(i, main, cfg, kwargs)
+    return _fairseq_distributed_main[0](i, main, cfg, kwargs)
 
 
-def bmuf_world_size():
-    """Give ``--use-bmuf`` the world size the job runs with.
+@fix("fairseq.distributed.utils:distributed_main", launchers=("torchrun", "spawn"))
+def bmuf_world_size(original):
+    """Under torchrun or SLURM, ``--use-bmuf`` reads a world size of 1 and never synchronises, and the
+    logged config says so.
 
-    fairseq copies ``--distributed-world-size`` into the BMUF config when it parses the command
-    line, before the world size is found from torchrun's or SLURM's variables: under either, BMUF
-    read the default (1 on a CPU or one GPU), skipped its synchronisations without an error, and
-    the logged config said so. The copy is made again once the world size is known
-    (``distributed_utils.distributed_main``, before ``main``). Idempotent.
-    """
-    distributed_utils.distributed_main = _distributed_main
+    fairseq copies ``--distributed-world-size`` into the BMUF config when it parses the command line,
+    before the world size is found from torchrun's or SLURM's variables; the copy is made again once
+    the world size is known (``distributed_utils.distributed_main``, before ``main``)."""
+    _fairseq_distributed_main[:] = [original]
+    return _distributed_main
 
 
-def pytorch_ddp_on_cpu():
-    """Let ``--ddp-backend pytorch_ddp`` (fairseq's default) wrap a model on the CPU.
+@fix("fairseq.models.distributed_fairseq_model:DistributedDataParallel",
+     pins=("fairseq.models.distributed_fairseq_model:DistributedFairseqModel",), launchers=("torchrun", "spawn"))
+def pytorch_ddp_on_cpu(original):
+    """``--ddp-backend pytorch_ddp``, fairseq's default, fails on CPU workers: fairseq builds
+    PyTorch's ``DistributedDataParallel`` with ``device_ids=[--device-id]``, which PyTorch refuses
+    for a module on the CPU.
 
-    fairseq builds PyTorch's ``DistributedDataParallel`` with ``device_ids=[--device-id]``, which
-    PyTorch refuses for a module on the CPU ("device_ids ... only work with single-device/multiple-device
-    GPU modules"): ``fairseq-train --cpu`` with data parallelism failed unless given
-    ``--ddp-backend legacy_ddp``. For a module whose parameters are all on the CPU the wrapper is
-    built with ``device_ids=None`` (PyTorch's form for CPU modules); everything else as fairseq
-    passes it. Idempotent.
-    """
-    from fairseq.models import distributed_fairseq_model
-
-    original = distributed_fairseq_model.DistributedDataParallel
-    if getattr(original, "cpu_modules", False):
-        return
+    For a module whose parameters are all on the CPU the wrapper is built with ``device_ids=None``
+    (PyTorch's form for CPU modules); everything else as fairseq passes it."""
 
     class DistributedDataParallel(original):
-        cpu_modules = True
-
         def __init__(self, module, device_ids=None, output_device=None, **kwargs):
             if all(p.device.type == "cpu" for p in module.parameters()):
                 device_ids = output_device = None
             super().__init__(module, device_ids=device_ids, output_device=output_device, **kwargs)
 
-    distributed_fairseq_model.DistributedDataParallel = DistributedDataParallel
+    return DistributedDataParallel
 
 
-def heartbeat_ends_a_hung_job():
-    """Make ``--heartbeat-timeout N`` end a worker that has made no progress for N seconds.
+@fix("fairseq.distributed.distributed_timeout_wrapper:DistributedTimeoutWrapper.__init__",
+     launchers=("torchrun",))
+def heartbeat_ends_a_hung_job(original):
+    """``--heartbeat-timeout N`` logs that it kills a worker that makes no progress, but its SIGINT
+    cannot end one that waits in a collective for a hung peer: the job waits for the process group's
+    timeout (30 minutes on gloo).
 
-    fairseq's watchdog (``DistributedTimeoutWrapper``) logs "Killing job for not making progress"
-    and sends the worker SIGINT. A worker waiting in a collective for a peer that hangs is inside
-    the communication library, where Python never gets to raise the KeyboardInterrupt: the job went
-    on waiting for the process group's timeout (30 minutes on gloo). SIGTERM, whose default action
-    ends the process wherever it waits, is sent instead; torchrun then stops the group (and starts
-    it again under ``--max-restarts``). A signal the caller names is kept. Idempotent.
-    """
-    from fairseq.distributed.distributed_timeout_wrapper import DistributedTimeoutWrapper
-
-    original = DistributedTimeoutWrapper.__init__
-    if getattr(original, "ends_hung_jobs", False):
-        return
+    The watchdog (``DistributedTimeoutWrapper``) sends SIGTERM instead, whose default action ends the
+    process wherever it waits; torchrun then stops the group (and starts it again under
+    ``--max-restarts``). A signal the caller names is kept."""
 
     @functools.wraps(original)
     def __init__(self, module, timeout, signal=signal_module.SIGTERM):
         original(self, module, timeout, signal)
 
-    __init__.ends_hung_jobs = True
-    DistributedTimeoutWrapper.__init__ = __init__
+    return __init__
 
 
-def checkpoint_copies_are_atomic():
-    """Write the copies of a saved checkpoint (``checkpoint_last.pt``, ``checkpoint_best.pt``) to a
-    temporary file renamed over the target, as fairseq writes the checkpoint itself.
+@fix("fairseq.file_io:PathManager.copy", launchers=IN_PROCESS_TRAINING)
+def checkpoint_copies_are_atomic(original):
+    """A kill while fairseq copies a saved checkpoint to ``checkpoint_last.pt`` (or
+    ``checkpoint_best.pt``) leaves that file cut short, and the next run cannot resume.
 
-    ``checkpoint_utils.save_checkpoint`` saves the first checkpoint of an update or epoch
-    atomically (``torch_persistent_save``: ``.tmp``, then a rename) and copies it to the others with
-    ``shutil.copyfile``, which truncates the target and writes it in place: a worker killed during
-    the copy (a preempted job, torchrun stopping the group) leaves ``checkpoint_last.pt`` cut short,
-    and the restart cannot resume. Now a kill leaves the previous ``checkpoint_last.pt`` whole. Only
-    local paths change; fairseq's ``PathManager`` handles the others as before. Idempotent.
-    """
-    from fairseq.file_io import PathManager
-
-    original = PathManager.copy
-    if getattr(original, "atomic", False):
-        return
+    ``checkpoint_utils.save_checkpoint`` saves the first checkpoint atomically and copies it to the
+    others with ``shutil.copyfile``, which truncates the target and writes it in place. The copy goes
+    to a temporary file renamed over the target instead. Only local paths change."""
 
     @functools.wraps(original)
     def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        from fairseq.file_io import PathManager
+
         if not PathManager.supports_rename(dst_path):
             return original(src_path, dst_path, overwrite)
         shutil.copyfile(src_path, dst_path + ".tmp")
         os.replace(dst_path + ".tmp", dst_path)
         return True
 
-    copy.atomic = True
-    PathManager.copy = staticmethod(copy)
+    return copy
 
 
 #: The prefetching threads that ``prefetching_stops_at_exit`` stops (held by the thread, not by
@@ -490,49 +653,37 @@ def _stop_prefetching():
                 consumer.join(0.01)
 
 
-def prefetching_stops_at_exit():
-    """Stop the threads of fairseq's ``BufferedIterator`` (``--data-buffer-size``) before Python
-    finalises, in an ``atexit`` handler.
+@fix("fairseq.data.iterators:BufferedIterator._create_consumer", launchers=IN_PROCESS_TRAINING)
+def prefetching_stops_at_exit(original):
+    """``fairseq-train`` stopped mid-epoch (``--max-update``, ``--max-valid-steps``) can abort at exit
+    ("terminate called without an active exception", exit status 134) after it has finished and
+    saved.
 
-    Each iterator prefetches batches in a daemon thread that collates them with torch operators. A
-    run that ends before its iterator is exhausted (``--max-update`` mid-epoch, ``--max-valid-steps``)
-    leaves that thread running; where it is inside a torch operator when the interpreter finalises
-    (CPython < 3.14 ends daemon threads with ``pthread_exit``, which unwinds through torch's C++
-    frames), the process aborts with "terminate called without an active exception" after training
-    has finished and saved its checkpoints, and scripts that check the exit status fail. The handler
-    lets each live thread finish the batch it is on and return, for at most
-    ``PREFETCH_STOP_SECONDS`` seconds in all. Idempotent.
-    """
-    from fairseq.data.iterators import BufferedIterator
-
-    original = BufferedIterator._create_consumer
-    if getattr(original, "stops_at_exit", False):
-        return
+    Each ``BufferedIterator`` (``--data-buffer-size``) prefetches in a daemon thread that collates
+    batches with torch operators; where one is inside an operator when the interpreter finalises
+    (CPython < 3.14 ends daemon threads with ``pthread_exit``), the process aborts. An ``atexit``
+    handler lets each live thread finish its batch and return, for at most
+    ``PREFETCH_STOP_SECONDS`` seconds in all."""
+    atexit.register(_stop_prefetching)
 
     @functools.wraps(original)
     def _create_consumer(self):
         original(self)
         _PREFETCHING.add(self._consumer)
 
-    _create_consumer.stops_at_exit = True
-    BufferedIterator._create_consumer = _create_consumer
-    atexit.register(_stop_prefetching)
+    return _create_consumer
 
 
-def help_lists_model_flags():
-    """Print ``--help`` after the architecture's, task's and criterion's flags are added.
+@fix("fairseq.options:parse_args_and_arch",
+     launchers=("fairseq-train", "python -m fairseq_cli.train", *DECODING))
+def help_lists_model_flags(original):
+    """``fairseq-train --arch X --help`` (``fairseq-generate`` alike) prints its help before it adds
+    the flags of X, its task and its criterion, so none of them show.
 
-    fairseq's ``options.parse_args_and_arch`` parses twice: the first parse reads ``--arch``,
-    ``--task`` and ``--criterion``, then their flags are added for the second. ``--help`` ends the
-    first parse, so the flags a user asks about are never listed. The plugin is imported when
-    ``fairseq-train`` builds its parser, before that call, so the call is wrapped: with ``-h`` or
+    ``parse_args_and_arch`` parses twice, and ``--help`` ends the first parse. With ``-h`` or
     ``--help`` it runs without them (words that are required, such as the data directory, may be
     missing; any other error, an unknown ``--arch`` for one, ends it as without ``--help``) and then
-    prints the whole parser's help and exits with status 0. Idempotent.
-    """
-    original = options.parse_args_and_arch
-    if getattr(original, "help_lists_model_flags", False):
-        return
+    prints the whole parser's help and exits with status 0."""
 
     @functools.wraps(original)
     def parse_args_and_arch(parser, input_args=None, *args, **kwargs):
@@ -555,29 +706,24 @@ def help_lists_model_flags():
         parser.print_help()
         sys.exit(0)
 
-    parse_args_and_arch.help_lists_model_flags = True
-    options.parse_args_and_arch = parse_args_and_arch
+    return parse_args_and_arch
 
 
-def presets_reach_the_criterion():
-    """Under ``fairseq-hydra-train``, let the preset read the criterion's settings and give the
-    criterion the preset's value of each of its fields that its config leaves unset.
+@fix("fairseq.tasks.fairseq_task:FairseqTask.build_model", "fairseq.tasks.fairseq_task:FairseqTask.build_criterion",
+     "fairseq.tasks.fairseq_task:LegacyFairseqTask.build_model",
+     "fairseq.tasks.fairseq_task:LegacyFairseqTask.build_criterion", launchers=("fairseq-hydra-train",))
+def presets_reach_the_criterion(build_model, build_criterion, legacy_build_model, legacy_build_criterion):
+    """Under ``fairseq-hydra-train`` an architecture preset's settings of its criterion's fields
+    (latent depth's training schedule) do not reach the criterion, which trains with its own
+    defaults, and the preset reads no criterion flag.
 
-    ``fairseq-train`` reads the model's and the criterion's settings from one namespace, in which an
-    architecture preset (``register_model_architecture``) reads criterion flags (latent depth's
-    ``--latent-objective``) and sets the criterion's fields it owns (its training schedule).
-    ``fairseq-hydra-train`` keeps ``criterion`` apart from ``model`` and applies the preset to
-    ``model`` alone, so the preset would read no criterion flag and the criterion would train with
-    its own defaults. Wrapped, for the tasks of both of fairseq's bases: ``build_model`` first adds
-    to the model config the criterion's set fields it lacks (from the config both belong to), so
-    the preset reads them; ``build_criterion`` then copies from the model config each field of the
-    criterion's dataclass that the criterion's config leaves unset (None), as the preset's
-    ``set_unset`` does under ``fairseq-train``, where the namespace is one and nothing is copied. A
-    value given on the command line or in the YAML is kept. Idempotent.
-    """
-    for task in (FairseqTask, LegacyFairseqTask):
-        if not getattr(task.build_criterion, "presets_reach_the_criterion", False):
-            task.build_model, task.build_criterion = _one_namespace(task.build_model, task.build_criterion)
+    ``fairseq-train`` reads model and criterion from one namespace; ``fairseq-hydra-train`` keeps
+    ``criterion`` apart from ``model`` and applies the preset to ``model`` alone. For the tasks of both
+    of fairseq's bases, ``build_model`` first adds to the model config the criterion's set fields it
+    lacks, so the preset reads them; ``build_criterion`` then copies from the model config each field
+    of the criterion's dataclass that the criterion's config leaves unset (None). A value given on
+    the command line or in the YAML is kept."""
+    return (*_one_namespace(build_model, build_criterion), *_one_namespace(legacy_build_model, legacy_build_criterion))
 
 
 def _one_namespace(build_model, build_criterion):
@@ -604,5 +750,4 @@ def _one_namespace(build_model, build_criterion):
                         cfg[field] = model[field]
         return build_criterion(self, cfg, *args, **kwargs)
 
-    criterion_built.presets_reach_the_criterion = True
     return model_built, criterion_built

@@ -14,6 +14,8 @@ def pytest_configure(config):
                                        "pytest -m 'not slow and not cuda'")
     config.addinivalue_line("markers", "e2e: its subject is a process (a recipe or the manual's block run as bash, "
                                        "torchrun, a kill, an exit status, fairseq without the plugin): pytest -m e2e")
+    config.addinivalue_line("markers", "guards(fix, launcher): the fix's guard under that launcher, a row of the "
+                                       "fixes' matrix run outside it (tests/fix_guards.py)")
     # pytest-xdist's, registered here too so that a run without xdist does not warn about it
     config.addinivalue_line("markers", "xdist_group(name): tests one xdist worker runs (--dist loadgroup)")
     config.addinivalue_line("markers", "tier_order(key): where the CUDA tier's test is collected (tests/cuda)")
@@ -22,8 +24,9 @@ def pytest_configure(config):
 #: The files whose tests take longest on 2 cores, longest first: under ``--dist loadfile
 #: --no-loadscope-reorder`` (tests/run.sh) each worker takes the next file when it is nearly done, so
 #: the long files start first and the short ones fill the end. The order changes nothing else.
-LONGEST = ("test_flows.py", "test_claims_study.py", "test_deploy.py", "test_latent_depth_head_to_head.py",
-           "test_lost_worker.py", "test_latent_depth_regime.py", "test_gpu_check.py")
+LONGEST = ("test_flows.py", "test_claims_study.py", "test_deploy.py", "test_fairseq_fixes_launched.py",
+           "test_latent_depth_head_to_head.py", "test_lost_worker.py", "test_latent_depth_regime.py",
+           "test_gpu_check.py", "test_fairseq_fixes.py")
 
 
 def pytest_collection_modifyitems(items):

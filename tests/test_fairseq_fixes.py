@@ -1,24 +1,120 @@
-"""What the plugin fixes in fairseq on import (fairseq_widearch/fairseq_fixes.py): every sentence is
-batched (training, validation, decoding, stock architectures too), and no criterion silently drops
-a model's auxiliary losses."""
-import re
+"""What the plugin fixes in fairseq on import (fairseq_widearch/fairseq_fixes.py): the registry (each fix
+declared once, the off switch, each pinned to the fairseq it was written for), the fixes' own units,
+and the matrix's rows of the launchers that run in this process: each fix's guard (tests/fix_guards.py)
+under fairseq-train, ``python -m fairseq_cli.train``, fairseq-hydra-train and the decoders, where the
+registry says it is tested (torchrun's and fairseq's spawn's rows: tests/test_fairseq_fixes_launched.py)."""
+import os
 import subprocess
 import sys
-from argparse import Namespace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 from fairseq.data import data_utils
-from fairseq.tasks.translation import TranslationTask
 
-from fairseq_widearch.fairseq_fixes import auxiliary_criterion_error
+from fairseq_widearch import fairseq_fixes
+from fairseq_widearch.fairseq_fixes import DECODING, FIXES, TRAINING, auxiliary_criterion_error
 from fairseq_widearch.model_builder import build_model
-from testing_utils import REPO, fairseq, train
+from fix_guards import ELSEWHERE, GUARDS, MATRIX, PLUGIN, PROCESSES, SENTENCES, dummy_runs
+from testing_utils import REPO, TINY_CASES, fairseq
 
-STOCK_TINY = ["--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-layers", "1",
-              "--decoder-layers", "1", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
 
+@pytest.fixture(scope="module")
+def launcher_runs(tmp_path_factory):
+    return dummy_runs(tmp_path_factory)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,launcher", [row for row in MATRIX if row[1] not in PROCESSES])
+def test_each_fix_holds_under_each_launcher_in_this_process(name, launcher, launcher_runs, monkeypatch):
+    GUARDS[name](launcher_runs(launcher), monkeypatch)
+
+
+def test_every_fix_has_a_guard_and_rows_under_fairseqs_launchers():
+    assert sorted({name for name, _ in MATRIX} - set(GUARDS)) == [] and sorted(set(GUARDS) - set(FIXES)) == []
+    assert {launcher for fix_ in FIXES.values() for launcher in fix_.launchers} <= {*TRAINING, *DECODING}
+    assert {fix_name for fix_name, _ in ELSEWHERE} <= set(FIXES)
+    assert {launcher for _, launcher in MATRIX} == {*TRAINING, *DECODING}  # every launcher has its rows
+
+
+# ---- the registry ----
+
+def test_each_fix_replaces_what_it_declares_and_once():
+    for name, fix_ in FIXES.items():
+        for target in fix_.replaces:
+            for owner, attribute in fairseq_fixes.owners(target):
+                assert name in fairseq_fixes.fixes_on(getattr(owner, attribute)), (name, target)
+    before = {target: fairseq_fixes.owners(target)[0] for fix_ in FIXES.values() for target in fix_.replaces}
+    values = {target: getattr(*place) for target, place in before.items()}
+    fairseq_fixes.apply_fixes()  # again: nothing changes
+    assert all(getattr(*before[target]) is values[target] for target in before)
+
+
+def test_every_pin_is_the_installed_fairseqs():
+    assert {target: fairseq_fixes.fingerprint(getattr(*fairseq_fixes.owners(target)[0]))
+            for fix_ in FIXES.values() for target in fix_.pins} == \
+        {target: fairseq_fixes.WRITTEN_FOR[target] for fix_ in FIXES.values() for target in fix_.pins}
+
+
+def test_a_changed_target_is_left_alone_with_one_warning(monkeypatch):
+    def batch_by_size(indices, *args, **kwargs):  # another fairseq's: a different source
+        return [indices]
+
+    monkeypatch.setattr(data_utils, "batch_by_size", batch_by_size)
+    monkeypatch.setattr(fairseq_fixes, "_WARNED", set())
+    with pytest.warns(fairseq_fixes.FixNotApplied, match=r"fix keep_last_batch not applied: "
+                      r"fairseq.data.data_utils:batch_by_size: its source \(sha256 \w+\) differs") as warned:
+        fairseq_fixes.apply_fixes()
+        fairseq_fixes.apply_fixes()
+    assert data_utils.batch_by_size is batch_by_size and len(warned) == 1
+
+
+@pytest.mark.e2e
+def test_the_off_switch_takes_none_all_or_fixes_to_leave_out_and_refuses_an_unknown_name_in_one_line():
+    code = ("import fairseq_widearch; from fairseq.data import data_utils; from fairseq_widearch import fairseq_fixes as f; "
+            "print(sorted(f.fixes_on(data_utils.batch_by_size)), f.fixes_on(f.owners('fairseq_cli.train:train')[0][0].train))")
+    for setting, expected in [("none", "[] set()"), ("keep_last_batch", "[] {'finished_runs_stay_finished'}"),
+                              ("all", "['keep_last_batch'] {'finished_runs_stay_finished'}")]:
+        proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FAIRSEQ_WIDEARCH_FIXES": setting},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.stdout.strip() == expected, (setting, proc.stderr[-2000:])
+    proc = subprocess.run([sys.executable, "-c", "import fairseq_widearch"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "FAIRSEQ_WIDEARCH_FIXES": "keep_last_batch,no_such_fix"})
+    message = proc.stderr.strip().splitlines()[-1]  # (after fairseq's own note on tensorboardX)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "no fix named no_such_fix" in message
+    assert message.startswith("FAIRSEQ_WIDEARCH_FIXES=") and all(name in message for name in FIXES)
+
+
+NO_FIXES_FLOW = """
+from pathlib import Path
+from fairseq_widearch import fairseq_fixes
+from testing_utils import TINY_CASES, fairseq, dummy_translation_data, train
+assert fairseq_fixes._SELECTED == [], fairseq_fixes._SELECTED
+tmp = Path({tmp!r})
+data = dummy_translation_data(tmp)
+for arch, flags in TINY_CASES.items():
+    train(data, tmp / arch, arch, *flags, max_update=3)
+    out = fairseq("generate", data, "--user-dir", {plugin!r}, "--path", tmp / arch / "checkpoint_last.pt",
+                  "--gen-subset", "test", "--batch-size", "8", "--required-batch-size-multiple", "1", "--beam", "1",
+                  "--max-len-b", "3", "--cpu", *flags[:2])
+    print(arch, out.stdout.count("H-"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_with_every_fix_off_each_architecture_trains_and_decodes_through_stock_fairseq(tmp_path):
+    """As stock fairseq under torch >= 2.6 decodes at all: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, and
+    --required-batch-size-multiple 1 for every sentence."""
+    code = NO_FIXES_FLOW.format(tmp=str(tmp_path), plugin=str(PLUGIN))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO / "tests",
+                          env={**os.environ, "FAIRSEQ_WIDEARCH_FIXES": "none", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
+                               "PYTHONPATH": str(REPO / "tests")})
+    decoded = dict(line.split() for line in proc.stdout.splitlines() if line.count(" ") == 1)
+    assert decoded == {arch: str(SENTENCES) for arch in TINY_CASES}, proc.stderr[-3000:]
+
+
+# ---- the fixes' own units ----
 
 @pytest.mark.parametrize("size,max_sentences", [(461, 16), (1014, 64), (3003, 128), (7, None)])
 def test_batch_by_size_keeps_the_remainder_as_its_own_batch(size, max_sentences):
@@ -30,121 +126,14 @@ def test_batch_by_size_keeps_the_remainder_as_its_own_batch(size, max_sentences)
     assert all(len(b) % 8 == 0 for b in batches[:-1])
 
 
-def translation_task(data):
-    args = Namespace(data=str(data), source_lang="en", target_lang="de", left_pad_source=True,
-                     left_pad_target=False, dataset_impl=None, upsample_primary=-1, load_alignments=False,
-                     truncate_source=False, num_batch_buckets=0, train_subset="train", required_seq_len_multiple=1,
-                     max_source_positions=1024, max_target_positions=1024, eval_bleu=False)
-    task = TranslationTask.setup_task(args)
-    for split in ("train", "valid"):
-        task.load_dataset(split)
-    return task
-
-
-def batches(task, split, shuffle, max_tokens=1024):
-    dataset = task.dataset(split)
-    # as fairseq-train builds its iterators (default --required-batch-size-multiple 8)
-    itr = task.get_batch_iterator(dataset, max_tokens=max_tokens, max_positions=(1024, 1024),
-                                  required_batch_size_multiple=8, seed=1, disable_iterator_cache=True)
-    return list(itr.next_epoch_itr(shuffle=shuffle)), len(dataset)
-
-
-def test_validation_counts_every_sentence(multi30k_bin):
-    valid, size = batches(translation_task(multi30k_bin), "valid", shuffle=False)
-    assert size == 1014 and size % 8  # Multi30k val, whose 6 longest sentences fairseq dropped
-    assert sum(sample["nsentences"] for sample in valid) == size
-
-
-def test_one_training_epoch_visits_every_sentence(multi30k_bin):
-    # at 512 tokens the longest batch holds one sentence, which fairseq dropped
-    train_batches, size = batches(translation_task(multi30k_bin), "train", shuffle=True, max_tokens=512)
-    ids = torch.cat([sample["id"] for sample in train_batches])
-    assert sorted(ids.tolist()) == list(range(size))
-
-
-@pytest.mark.slow
-def test_generate_emits_one_hypothesis_per_sentence_for_a_stock_transformer(multi30k_bin, tmp_path):
-    train(multi30k_bin, tmp_path, "transformer", *STOCK_TINY, max_update=1)
-    gen = fairseq("generate", multi30k_bin, "--user-dir", REPO / "fairseq_widearch", "--path",
-                  tmp_path / "checkpoint_last.pt", "--gen-subset", "valid", "--max-sentences", "128", "--beam", "1",
-                  "--max-len-b", "3", "--cpu")
-    assert len(re.findall(r"^H-\d+\t", gen.stdout, re.M)) == 1014
-    assert "Translated 1,014 sentences" in gen.stderr
-
-
-@pytest.mark.parametrize("arch,criterion", [("widenet_tiny", "moe_label_smoothed_cross_entropy"),
-                                            ("latent_depth_transformer_tiny",
-                                             "latent_depth_label_smoothed_cross_entropy")])
-@pytest.mark.slow
-def test_training_without_the_auxiliary_criterion_stops_at_start_up(arch, criterion, multi30k_bin, tmp_path):
-    with pytest.raises(ValueError) as failure:
-        train(multi30k_bin, tmp_path, arch, "--criterion", "label_smoothed_cross_entropy")
-    message = str(failure.value)
-    assert f"train with --criterion {criterion}" in message and "--criterion label_smoothed_cross_entropy" in message
-    log = "\n".join(failure.value.__notes__)
-    assert "fairseq_cli.train | task:" in log and "num_updates" not in log  # stopped before the first update
-
-
 def test_models_without_auxiliary_losses_train_with_any_criterion():
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
-    from types import SimpleNamespace
     criterion = LabelSmoothedCrossEntropyCriterion(SimpleNamespace(target_dictionary=None), False, 0.1)
     for arch, argv in [("widenet_tiny", ["--widenet-dense-ffn"]), ("multipath_transformer_tiny", []),
                        ("partialformer_tiny", [])]:
         assert auxiliary_criterion_error(build_model(arch, argv, vocab_size=40), criterion) is None
     assert "moe_label_smoothed_cross_entropy" in auxiliary_criterion_error(build_model("widenet_tiny", vocab_size=40),
                                                                            criterion)
-
-
-def epochs_trained(data, save_dir, max_epoch):
-    """Run (or resume) a stock tiny Transformer whose validation loss never improves (lr 0) under
-    ``--patience 2`` until ``max_epoch``; -> the epochs this call trained."""
-    out = train(data, save_dir, "transformer", *STOCK_TINY, "--lr", "0", "--patience", "2", "--max-epoch", max_epoch,
-                max_update=0, validate=True).stdout
-    return [int(n) for n in re.findall(r"end of epoch (\d+)", out)]
-
-
-@pytest.mark.slow
-def test_a_resumed_run_keeps_its_patience(multi30k_slice_bin, tmp_path):
-    # Uninterrupted: epoch 1 sets the best, epochs 2 and 3 do not improve on it, so it stops after 3.
-    assert epochs_trained(multi30k_slice_bin, tmp_path / "whole", 10) == [1, 2, 3]
-    # Interrupted after epoch 2 and resumed: it must stop after epoch 3 too (stock fairseq: 5).
-    assert epochs_trained(multi30k_slice_bin, tmp_path / "resumed", 2) == [1, 2]
-    assert epochs_trained(multi30k_slice_bin, tmp_path / "resumed", 10) == [3]
-
-
-@pytest.mark.slow
-def test_running_a_finished_training_again_trains_nothing(multi30k_slice_bin, tmp_path):
-    train(multi30k_slice_bin, tmp_path, "transformer", *STOCK_TINY, max_update=2)
-    before = torch.load(tmp_path / "checkpoint_last.pt")
-    again = train(multi30k_slice_bin, tmp_path, "transformer", *STOCK_TINY, max_update=2).stdout
-    after = torch.load(tmp_path / "checkpoint_last.pt")
-    assert "nothing to train: the checkpoint has 2 updates" in again  # stock fairseq: a third update
-    assert after["optimizer_history"][-1]["num_updates"] == 2
-    assert all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
-    # a larger --max-update resumes as before
-    more = train(multi30k_slice_bin, tmp_path, "transformer", *STOCK_TINY, max_update=3).stdout
-    assert "num_updates 3" in more
-
-
-class RecordedScaler:
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-
-
-@pytest.mark.parametrize("amp_init_scale,window,expected", [
-    (4.0, 50, {"init_scale": 4.0, "growth_interval": 50}),
-    (128.0, None, {"init_scale": 128.0}),  # no window: torch's default growth interval
-])
-def test_amp_loss_scaler_obeys_the_amp_flags(amp_init_scale, window, expected, monkeypatch):
-    """fairseq built it from --fp16-init-scale, and grew it every --amp-init-scale updates when
-    --amp-scale-window was set."""
-    from fairseq.optim.amp_optimizer import AMPOptimizer
-    monkeypatch.setattr(torch.cuda.amp, "GradScaler", RecordedScaler)
-    common = Namespace(fp16_init_scale=64.0, amp_init_scale=amp_init_scale, amp_scale_window=window,
-                       min_loss_scale=1e-4)
-    optimizer = AMPOptimizer(Namespace(optimizer=Namespace(), common=common), [], None)
-    assert optimizer._grad_scaler.kwargs == expected
 
 
 #: A process that takes one batch of a BufferedIterator whose source is still collating (torch
@@ -174,17 +163,7 @@ def test_a_run_stopped_mid_epoch_exits_cleanly_while_its_prefetching_thread_coll
     assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
 
 
-@pytest.mark.parametrize("tool,flags,listed", [
-    ("train", ["--arch", "widenet_tiny", "--criterion", "moe_label_smoothed_cross_entropy"],
-     ["--moe-capacity-factor", "--moe-balance-weight", "--max-tokens"]),
-    ("generate", ["--task", "scalable_translation"], ["--eval-width", "--beam"])])
-def test_help_lists_the_flags_of_the_architecture_task_and_criterion(tool, flags, listed):
-    """No data directory given, as a user asking for help gives none."""
-    out = fairseq(tool, "--user-dir", REPO / "fairseq_widearch", *flags, "--help")
-    assert [flag for flag in listed if flag not in out.stdout] == []
-
-
 def test_help_with_an_unknown_architecture_names_it_as_without_help():
     with pytest.raises(AssertionError, match="exited 2") as failed:
-        fairseq("train", "--user-dir", REPO / "fairseq_widearch", "--arch", "widenet_tinyy", "--help")
+        fairseq("train", "--user-dir", PLUGIN, "--arch", "widenet_tinyy", "--help")
     assert "invalid choice: 'widenet_tinyy'" in str(failed.value)

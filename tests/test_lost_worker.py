@@ -64,6 +64,7 @@ def uninterrupted(multi30k_bin, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.guards("heartbeat_ends_a_hung_job", "torchrun")
 def test_a_killed_then_a_hung_worker_restart_the_group_which_resumes_and_ends_as_an_uninterrupted_run(
         uninterrupted, multi30k_bin, tmp_path):
     """Each fault makes torchrun restart the group (the hung worker's peer, waiting in the

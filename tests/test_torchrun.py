@@ -1,11 +1,10 @@
-"""torchrun launches data-parallel training: its workers join one process group whatever fairseq's
-default world size (``fairseq_widearch.fairseq_fixes.torchrun_joins_one_group``), on the CPU with
-gloo as on GPUs, and train as the same ranks started by hand do."""
+"""torchrun's variables give fairseq its world size, rank and device
+(``fairseq_widearch.fairseq_fixes.torchrun_joins_one_group``), each restart's rendezvous keys are its
+own, and BMUF and PyTorch's DDP take what the job runs with: the functions' units. The workers'
+runs under torchrun and fairseq's spawn: tests/test_fairseq_fixes_launched.py; a group restarted
+after a lost worker: tests/test_lost_worker.py."""
 
 import argparse
-import pickle
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +16,6 @@ from fairseq.models.distributed_fairseq_model import DistributedFairseqModel
 
 from fairseq_widearch import fairseq_fixes
 
-from testing_utils import BIN, REPO, TINY_ARCHS, TINY_CASES, criterion_for, ddp_train, free_port, run
 
 TORCHRUN = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 
@@ -52,35 +50,6 @@ def test_without_torchrun_or_with_one_worker_fairseq_decides_as_before(monkeypat
     assert inferred(monkeypatch, {**TORCHRUN, "WORLD_SIZE": "1", "RANK": "0"}).distributed_init_method is None
     given = inferred(monkeypatch, TORCHRUN, distributed_init_method="tcp://127.0.0.1:1234")
     assert (given.distributed_init_method, given.distributed_rank) == ("tcp://127.0.0.1:1234", 0)
-
-
-def torchrun_train(data, save, arch, *extra, max_update=3):
-    """``torchrun --nproc-per-node 2 -m fairseq_cli.train`` on the CPU with gloo, no world-size flag;
-    the flags of testing_utils.ddp_train. Returns rank 0's checkpoint's model and the output."""
-    cmd = [BIN / "torchrun", "--nproc-per-node", 2, "--master-port", free_port(), "-m", "fairseq_cli.train", data,
-           "--user-dir", REPO / "fairseq_widearch", "--arch", arch, "--save-dir", save, "--max-update", max_update,
-           "--cpu", "--num-workers", 0, "--optimizer", "adam", "--lr", 0.001, "--max-tokens", 512, "--seed", 1,
-           "--disable-validation", "--no-epoch-checkpoints", "--ddp-backend", "legacy_ddp",
-           "--distributed-backend", "gloo", *criterion_for(arch), *extra]
-    out = run(cmd).stdout
-    return torch.load(save / "checkpoint_last.pt", weights_only=False)["model"], out
-
-
-#: widenet_tiny's case is tests/test_lost_worker.py's: under torchrun, with a worker lost and the group
-#: restarted, it ends with the parameters of its two ranks started by hand.
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", [arch for arch in TINY_ARCHS if arch != "widenet_tiny"])
-@pytest.mark.e2e
-def test_every_tiny_preset_trains_under_torchrun_as_two_ranks_started_by_hand(arch, multi30k_bin, tmp_path,
-                                                                             monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # both ways alike (torchrun would set it to 1)
-    (tmp_path / "by_hand").mkdir()
-    by_hand, _ = ddp_train(multi30k_bin, tmp_path / "by_hand", arch, *TINY_CASES[arch])
-    state, out = torchrun_train(multi30k_bin, tmp_path / "torchrun", arch, *TINY_CASES[arch])
-    assert "initialized host" in out and out.count("| epoch 001 |") == 1  # one group: rank 0 alone logs
-    assert state.keys() == by_hand[0].keys()
-    differ = {k: (state[k] - by_hand[0][k]).abs().max().item() for k in state if not torch.equal(state[k], by_hand[0][k])}
-    assert differ == {}, arch
 
 
 def test_where_torchrun_shares_its_store_each_attempt_joins_under_its_own_keys(monkeypatch):
@@ -128,18 +97,6 @@ def test_bmuf_takes_the_world_size_the_job_runs_with(monkeypatch):
     seen = []
     distributed_utils.distributed_main(0, lambda cfg: seen.append(cfg.bmuf.distributed_world_size), cfg, {})
     assert seen == [4]
-
-
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_fairseqs_spawned_workers_take_bmufs_world_size_too():
-    """fairseq's own spawn (SLURM with a task per machine, several GPUs) pickles distributed_main by
-    name: a process that has not imported the plugin, unpickling it, imports the plugin and runs it."""
-    code = ("import pickle, sys; main = pickle.loads(sys.stdin.buffer.read()); "
-            "from fairseq.distributed import utils; print(main is utils.distributed_main, main.__module__)")
-    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(distributed_utils.distributed_main),
-                          capture_output=True, timeout=120)
-    assert proc.stdout.decode().split() == ["True", "fairseq_widearch.fairseq_fixes"], proc.stderr.decode()[-3000:]
 
 
 def test_pytorch_ddp_wraps_a_model_on_the_cpu(tmp_path):

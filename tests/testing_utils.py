@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import runpy
 import socket
 import subprocess
 import sys
@@ -139,17 +140,20 @@ def decode(data, checkpoint, out, *args, **kwargs):
     return decoded
 
 
-def fairseq(tool, *args, stdin=None, cwd=None):
+def fairseq(tool, *args, stdin=None, cwd=None, as_main=False):
     """``fairseq-<tool> args`` in this process: the function its console script calls
-    (``fairseq_cli.<tool>.cli_main``) on ``args``, as fairseq's own tests run train and generate.
+    (``fairseq_cli.<tool>.cli_main``) on ``args``, as fairseq's own tests run train and generate;
+    ``as_main``: ``python -m fairseq_cli.<tool> args`` instead, the module run afresh as ``__main__``
+    (``runpy``), so that its ``main`` calls that copy's functions, as in its process.
     Returns its Output: prints in ``stdout``, warnings in ``stderr``, log lines where its process
     writes them (fairseq-train: stdout; the other tools, whose ``import fairseq`` sets up logging
     first: stderr). An exit status raises AssertionError with the tool's stderr; any other error
     raises as the tool raised it, with the output's tails as a note. The state the tool leaves is
     cleared (_fairseq_state_kept)."""
     module = importlib.import_module(f"fairseq_cli.{tool.replace('-', '_')}")
+    program = f"python -m {module.__name__}" if as_main else f"fairseq-{tool}"
     with _fairseq_state_kept(), warnings.catch_warnings(record=True) as caught, contextlib.chdir(cwd or os.getcwd()), \
-            _as_program(f"fairseq-{tool}", map(str, args), stdin) as (out, err):
+            _as_program(program, map(str, args), stdin) as (out, err):
         warnings.simplefilter("always")
         handler = logging.StreamHandler(out if tool == "train" else err)
         handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s",
@@ -158,12 +162,12 @@ def fairseq(tool, *args, stdin=None, cwd=None):
         root.addHandler(handler)  # beside pytest's own, which report the lines of a failed test
         root.setLevel(logging.INFO)  # fairseq_cli's basicConfig, as in its process
         try:
-            module.cli_main()
+            runpy.run_module(module.__name__, run_name="__main__", alter_sys=True) if as_main else module.cli_main()
         except SystemExit as e:  # argparse's errors, fairseq's sys.exit: as run() reports an exit status
             if e.code:
-                raise AssertionError(f"fairseq-{tool} exited {e.code}\n{err.getvalue()}") from None
+                raise AssertionError(f"{program} exited {e.code}\n{err.getvalue()}") from None
         except Exception as e:
-            e.add_note(f"--- fairseq-{tool}'s stdout ---\n{out.getvalue()[-3000:]}\n"
+            e.add_note(f"--- {program}'s stdout ---\n{out.getvalue()[-3000:]}\n"
                        f"--- its stderr ---\n{err.getvalue()[-3000:]}")
             raise
         finally:
@@ -424,3 +428,85 @@ def check_training(stats: list):
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 1.0, losses
     assert min(scales, default=1.0) >= 1.0, scales
     return losses, scales
+
+
+# ---- fairseq started every way a user starts it (the fixes' matrix, tests/test_fairseq_fixes.py) ----
+
+def dummy_translation_data(directory, sentences=37, vocab=30, seed=0):
+    """Random en-de sentence pairs, ``sentences`` per split (37: not a multiple of the default
+    --required-batch-size-multiple 8), binarized with a joined dictionary by fairseq-preprocess in
+    this process, as fairseq's own tests/utils.py makes its dummy data; -> the data directory."""
+    import random
+    rng, directory = random.Random(seed), Path(directory)
+    words = [f"w{i}" for i in range(vocab)]
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            (directory / f"{split}.{lang}").write_text(
+                "".join(" ".join(rng.choices(words, k=rng.randint(3, 12))) + "\n" for _ in range(sentences)))
+    fairseq("preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", directory / "train",
+            "--validpref", directory / "valid", "--testpref", directory / "test", "--joined-dictionary",
+            "--destdir", directory / "bin", "--workers", 1)
+    return directory / "bin"
+
+
+#: The hydra config groups a fairseq-train flag is looked up in, in this order.
+HYDRA_GROUPS = ("common", "checkpoint", "optimization", "dataset", "distributed_training", "task", "model",
+                "criterion", "optimizer", "lr_scheduler", "bmuf")
+#: The groups whose component is named (``_name``), and the flags that name them.
+HYDRA_NAMED = {"task": "task", "model": "arch", "criterion": "criterion", "optimizer": "optimizer",
+               "lr_scheduler": "lr_scheduler"}
+
+
+def hydra_config(args, directory) -> list:
+    """fairseq-train's command line ``args`` (the data directory first) as fairseq-hydra-train's: a
+    config in ``directory`` naming the task, model, criterion, optimizer and scheduler, and each other
+    flag given as an override, at the value fairseq's own parser gives it, in the first config group
+    that has it. -> fairseq-hydra-train's arguments."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    args = [str(a) for a in args]
+    namespace = options.parse_args_and_arch(options.get_training_parser(), args)
+    cfg = convert_namespace_to_omegaconf(namespace)
+    named = {group: {"_name": getattr(namespace, flag)} for group, flag in HYDRA_NAMED.items()}
+    (Path(directory) / "run.yaml").write_text(OmegaConf.to_yaml({**named, "task": {**named["task"], "data": args[0]}}))
+    overrides = []
+    for flag in (a for a in args[1:] if a.startswith("--") and a[2:].replace("-", "_") not in HYDRA_NAMED.values()):
+        key = flag[2:].replace("-", "_")
+        group = next(g for g in HYDRA_GROUPS if OmegaConf.is_config(cfg.get(g)) and key in cfg[g])
+        overrides.append(f"++{group}.{key}={json.dumps(OmegaConf.to_container(cfg[group], resolve=True)[key])}")
+    return ["--config-dir", directory, "--config-name", "run", *overrides, f"hydra.run.dir={directory}"]
+
+
+#: torchrun's and fairseq's spawn's workers: two, on the CPU with gloo.
+WORKERS = 2
+DISTRIBUTED = ["--distributed-backend", "gloo"]
+
+
+def launch(launcher, *args, tmp_path=None, stdin=None) -> Output:
+    """fairseq-train's (or, for a decoding launcher, fairseq-generate's or fairseq-interactive's, with
+    ``stdin``) command line ``args`` run by ``launcher`` (``fairseq_fixes.TRAINING``, ``DECODING``):
+    in this process where the launcher allows (its console script, ``python -m`` as ``__main__``,
+    fairseq-hydra-train with the same settings as its config, in a directory under ``tmp_path``), in
+    processes where the process is the subject (torchrun; fairseq's own spawn,
+    ``tests/helpers/spawn_train.py``). Never raises: an error is a non-zero ``returncode``, its
+    message in ``stderr``."""
+    args = [str(a) for a in args]
+    if launcher in ("torchrun", "spawn"):
+        command = ([BIN / "torchrun", "--nproc-per-node", WORKERS, "--master-port", free_port(), "-m", "fairseq_cli.train"]
+                   if launcher == "torchrun" else
+                   [sys.executable, REPO / "tests" / "helpers" / "spawn_train.py", "--distributed-world-size", WORKERS])
+        proc = subprocess.run([str(c) for c in [*command, *args, *DISTRIBUTED]], capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return Output(proc.stdout, proc.stderr, proc.returncode)
+    tool, as_main = {"fairseq-train": ("train", False), "python -m fairseq_cli.train": ("train", True),
+                     "fairseq-hydra-train": ("hydra-train", False), "fairseq-generate": ("generate", False),
+                     "python -m fairseq_cli.generate": ("generate", True),
+                     "fairseq-interactive": ("interactive", False)}[launcher]
+    if launcher == "fairseq-hydra-train" and "--help" not in args:
+        args = hydra_config(args, tempfile.mkdtemp(dir=tmp_path))
+    try:
+        return fairseq(tool, *args, stdin=stdin, as_main=as_main)
+    except Exception as e:
+        return Output("\n".join(getattr(e, "__notes__", [])), f"{type(e).__name__}: {e}", 1)

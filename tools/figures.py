@@ -234,7 +234,28 @@ def cost(name: str) -> str:
     return "\n".join(lines)
 
 
-WRITERS = {"cost": cost, "bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "speed": speed, "seed_span": seed_span,
+def fixes() -> str:
+    """The table of the plugin's fairseq fixes, from their registry (``fairseq_fixes.FIXES``): each
+    fix's name, what it replaces, what fairseq does without it, the upstream issue and the
+    launchers it is tested under (tests/test_fairseq_fixes.py and its neighbours run them)."""
+    from fairseq_widearch.fairseq_fixes import FIXES, TRAINING
+
+    def markdown(text):
+        return re.sub(r"``(.+?)``", r"`\1`", text)
+
+    def launchers(names):
+        return "every training launcher" + "".join(f", {n}" for n in names if n not in TRAINING) \
+            if set(TRAINING) <= set(names) else ", ".join(names)
+
+    lines = ["| fix | replaces | without it | upstream | tested under |", "|---|---|---|---|---|"]
+    for name, fix in FIXES.items():
+        replaces = "<br>".join(f"`{target.replace(':', '.')}`" for target in fix.replaces) or \
+            "nothing (torch's allow-list)"
+        lines.append(f"| `{name}` | {replaces} | {markdown(fix.why)} | {fix.upstream or ''} | {launchers(fix.launchers)} |")
+    return "\n".join(lines)
+
+
+WRITERS = {"fixes": fixes, "cost": cost, "bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "speed": speed, "seed_span": seed_span,
            "mean": mean, "compare": compare, "claim": claim, "head_to_head": head_to_head, "gpu_report": gpu_report, "stats": stats, "sizes": sizes,
            "gpu_estimate": gpu_estimate}
 
