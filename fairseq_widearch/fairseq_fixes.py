@@ -66,6 +66,9 @@ WRITTEN_FOR = {
     "fairseq.trainer:Trainer.save_checkpoint": "39af76675f38",
     "fairseq.trainer:Trainer.load_checkpoint": "31d0e74e6cc6",
     "fairseq_cli.train:train": "db4e58992bbc",
+    "fairseq_cli.train:should_stop_early": "deb15b6c0cc2",
+    "fairseq_cli.train:main": "2a1b822cd8f5",
+    "fairseq.data.iterators:BackgroundConsumer.run": "7c44a8d23bbc",
     "fairseq.optim.amp_optimizer:AMPOptimizer.__init__": "8828ca1673de",
     "fairseq.distributed.utils:call_main": "c2a32fa44fa2",
     "fairseq.models:BaseFairseqModel.prepare_for_inference_": "86639b2e980f",
@@ -89,15 +92,17 @@ class FixNotApplied(UserWarning):
 
 @dataclasses.dataclass(frozen=True)
 class Fix:
-    """One fix: ``build`` takes the current value of each target of ``replaces`` and returns its
-    replacement (a tuple for several; a fix that replaces nothing acts when built); ``pins``: the
-    targets whose source must be the one in ``WRITTEN_FOR``; ``launchers``: those it is tested under."""
+    """One fix: ``build`` takes the current value of each target of ``replaces`` (one module's) and
+    returns its replacement (a tuple for several); ``once`` acts once per process, when the fix is
+    first applied (all a fix that replaces nothing does); ``pins``: the targets whose source must be
+    the one in ``WRITTEN_FOR``; ``launchers``: those it is tested under."""
     name: str
     replaces: Tuple[str, ...]
     pins: Tuple[str, ...]
     launchers: Tuple[str, ...]
     upstream: Optional[str]
     build: Callable
+    once: Optional[Callable] = None
 
     @property
     def why(self) -> str:
@@ -108,22 +113,34 @@ class Fix:
 FIXES: Dict[str, Fix] = {}
 
 
-def fix(*replaces: str, launchers: Tuple[str, ...], pins: Tuple[str, ...] = None, upstream: str = None):
-    """Declare the decorated builder a fix named after it (see ``Fix``)."""
+def fix(*replaces: str, launchers: Tuple[str, ...], relies_on: Tuple[str, ...] = (), pins: Tuple[str, ...] = None,
+        upstream: str = None, once: Callable = None):
+    """Declare the decorated builder a fix named after it (see ``Fix``): its pins are what it replaces
+    and ``relies_on``, unless ``pins`` names them.
+
+    Raises:
+        ValueError: where its targets lie in several modules, or a pin has no ``WRITTEN_FOR`` entry.
+    """
+    pins = (*replaces, *relies_on) if pins is None else pins
+    if len({target.split(":")[0] for target in replaces}) > 1 or set(pins) - set(WRITTEN_FOR):
+        raise ValueError(f"a fix replaces what one module holds and pins what WRITTEN_FOR has: {replaces}, {pins}")
+
     def register(build):
-        FIXES[build.__name__] = Fix(build.__name__, replaces, replaces if pins is None else pins, launchers, upstream,
-                                    build)
+        FIXES[build.__name__] = Fix(build.__name__, replaces, pins, launchers, upstream, build, once)
         return build
     return register
 
 
 def module_copies(name: str) -> list:
-    """Every loaded copy of the module ``name``: the imported one, and the one that ``python -m``
-    (torchrun, fairseq's spawn) runs as the program (``__main__``, ``__mp_main__``)."""
+    """Every loaded copy of the module ``name``: the imported one, and the one run as the program
+    (``__main__``; ``__mp_main__`` in the workers fairseq spawns) by ``python -m`` or torchrun, or by
+    ``python path/to/module.py``."""
     copies = [importlib.import_module(name)]
     for program in ("__main__", "__mp_main__"):
         module = sys.modules.get(program)
-        if getattr(getattr(module, "__spec__", None), "name", None) == name and module not in copies:
+        same = (getattr(getattr(module, "__spec__", None), "name", None) == name
+                or getattr(module, "__file__", None) == copies[0].__file__)
+        if module is not None and same and module not in copies:
             copies.append(module)
     return copies
 
@@ -162,20 +179,29 @@ def fingerprint(value) -> Optional[str]:
 _WARNED = set()
 
 
+def _differs(target: str) -> Optional[str]:
+    """Why ``target`` is not what the fixes were written for, or None where it is."""
+    try:
+        found = [fingerprint(getattr(owner, attribute)) for owner, attribute in owners(target)]
+    except (ImportError, AttributeError):
+        return "it is not there"
+    if None in found:
+        return "its source cannot be read"
+    changed = [f for f in found if f != WRITTEN_FOR[target]]
+    return (f"its source (sha256 {changed[0]}) differs from the one the fix was written for "
+            f"({WRITTEN_FOR[target]}, ve-fairseq 0.12.3)") if changed else None
+
+
 def _pinned(fix_: Fix) -> bool:
     """Whether every target ``fix_`` pins is what it was written for; if not, warn once."""
     for target in fix_.pins:
-        for owner, attribute in owners(target):
-            found = fingerprint(getattr(owner, attribute))
-            if found != WRITTEN_FOR[target]:
-                if fix_.name not in _WARNED:
-                    _WARNED.add(fix_.name)
-                    reason = "its source cannot be read" if found is None else (
-                        f"its source (sha256 {found}) differs from the one the fix was written for "
-                        f"({WRITTEN_FOR[target]}, ve-fairseq 0.12.3)")
-                    warnings.warn(f"fairseq_widearch: fix {fix_.name} not applied: {target}: {reason}; "
-                                  f"fairseq's own is kept", FixNotApplied, stacklevel=3)
-                return False
+        reason = _differs(target)
+        if reason:
+            if fix_.name not in _WARNED:
+                _WARNED.add(fix_.name)
+                warnings.warn(f"fairseq_widearch: fix {fix_.name} not applied: {target}: {reason}; "
+                              f"fairseq's own is kept", FixNotApplied, stacklevel=4)
+            return False
     return True
 
 
@@ -194,24 +220,32 @@ def _replace(owner, attribute, current, replacement, name):
         namespace[attribute] = replacement
 
 
-_BUILT = set()  # fixes that replace nothing, once built
+#: The fixes applied in this process (``once`` done).
+APPLIED = set()
 
 
 def _apply(fix_: Fix):
     if not _pinned(fix_):
         return
-    if not fix_.replaces:
-        if fix_.name not in _BUILT:
-            fix_.build()
-            _BUILT.add(fix_.name)
-        return
+    if fix_.name not in APPLIED and fix_.once is not None:
+        fix_.once()
+    APPLIED.add(fix_.name)
     for places in zip(*(owners(target) for target in fix_.replaces)):  # one module copy at a time
         currents = [getattr(owner, attribute) for owner, attribute in places]
-        if fix_.name in fixes_on(currents[0]):
+        if all(fix_.name in fixes_on(current) for current in currents):
             continue
         built = fix_.build(*currents)
         for (owner, attribute), current, replacement in zip(places, currents, built if len(places) > 1 else [built]):
-            _replace(owner, attribute, current, replacement, fix_.name)
+            if fix_.name not in fixes_on(current):
+                _replace(owner, attribute, current, replacement, fix_.name)
+
+
+def left_out(name: str) -> str:
+    """For a refusal that fix ``name`` would have prevented: a clause naming the fix, where it is not
+    applied in this process (``FAIRSEQ_WIDEARCH_FIXES`` leaves it out, or it is pinned to another
+    fairseq), else ''."""
+    return "" if name in APPLIED else (f" (the fix {name}, which gives it, is not applied: see "
+                                       f"{ENVIRONMENT} and the warnings at start-up)")
 
 
 def selected_fixes(setting: str = None) -> list:
@@ -252,30 +286,34 @@ def apply_fixes(setting: str = None):
 
 def _reaching_main(call_main):
     @functools.wraps(call_main)
-    def reaching_main(cfg, main, **kwargs):
+    def reaching_main(*args, **kwargs):
         for name in _SELECTED:
             if any(target.startswith("fairseq_cli.") for target in FIXES[name].replaces):
                 _apply(FIXES[name])
-        return call_main(cfg, main, **kwargs)
+        return call_main(*args, **kwargs)
     return reaching_main
 
 
 # ---- the fixes, in the order they are applied ----
 
-@fix(launchers=(*TRAINING, *DECODING), pins=("fairseq.checkpoint_utils:load_checkpoint_to_cpu",))
-def allow_fairseq_checkpoint_globals():
-    """torch >= 2.6 loads with ``weights_only=True``, and fairseq's ``load_checkpoint_to_cpu`` calls
-    plain ``torch.load``: stock fairseq cannot load the checkpoints it saves (they hold an
-    ``argparse.Namespace``), so resuming, fairseq-generate, fairseq-interactive and the hub fail.
-
-    Adds to torch's allow-list exactly the classes a fairseq checkpoint holds
-    (``checkpoint_loading.FAIRSEQ_CHECKPOINT_GLOBALS``); any other pickled global is still refused
-    with torch's ``UnpicklingError``. A no-op on torch < 2.4, which has no allow-list."""
+def _allow_globals():
     from .checkpoint_loading import FAIRSEQ_CHECKPOINT_GLOBALS
 
     add = getattr(torch.serialization, "add_safe_globals", None)
-    if add is not None:
+    if add is not None:  # (torch < 2.4 has no allow-list, and loads without weights_only)
         add(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+@fix(launchers=("fairseq-train", "python -m fairseq_cli.train", "torchrun", "spawn", *DECODING),
+     relies_on=("fairseq.checkpoint_utils:load_checkpoint_to_cpu",), once=_allow_globals)
+def allow_fairseq_checkpoint_globals():
+    """Under torch >= 2.6 (``weights_only=True``) fairseq cannot load the checkpoints it saves (they
+    hold an ``argparse.Namespace``): resuming, fairseq-generate, fairseq-interactive and the hub fail.
+
+    Adds to torch's allow-list exactly the classes a fairseq checkpoint holds
+    (``checkpoint_loading.FAIRSEQ_CHECKPOINT_GLOBALS``); any other pickled global is still refused
+    with torch's ``UnpicklingError``. A no-op on torch < 2.4, which has no allow-list.
+    (fairseq-hydra-train's checkpoints hold plain containers: it has no row.)"""
 
 
 @fix("fairseq.checkpoint_utils:load_checkpoint_to_cpu", launchers=(*TRAINING, *DECODING))
@@ -306,10 +344,9 @@ def name_unreadable_checkpoints(load):
 @fix("fairseq.data.data_utils:batch_by_size", upstream="facebookresearch/fairseq#5036, #5351",
      launchers=(*TRAINING, "fairseq-generate", "python -m fairseq_cli.generate"))
 def keep_last_batch(original):
-    """Upstream fairseq (``ve-fairseq`` 0.12.3) drops the last batch of every epoch, validation pass
-    and decoding run when its size is not a multiple of ``--required-batch-size-multiple``: the
-    longest sentences, since batches are sorted by length (Multi30k ``val`` validates 1,008 of its
-    1,014 sentences, and fairseq-generate's BLEU covers a subset).
+    """fairseq drops the last batch of every epoch, validation pass and decoding run when its size is
+    not a multiple of ``--required-batch-size-multiple``: the longest sentences (Multi30k ``val``
+    validates 1,008 of its 1,014 sentences).
 
     ``batch_by_size`` (every task's ``get_batch_iterator``) ends with ``if bsz_mult > 1 and
     len(b[-1]) % bsz_mult != 0: b = b[:-1]``; the remainder is kept as a batch of its own, as
@@ -379,11 +416,11 @@ def _early_stopping() -> list:
     return [module.should_stop_early for module in module_copies("fairseq_cli.train")]
 
 
-@fix("fairseq.trainer:Trainer.save_checkpoint", "fairseq.trainer:Trainer.load_checkpoint", launchers=TRAINING)
+@fix("fairseq.trainer:Trainer.save_checkpoint", "fairseq.trainer:Trainer.load_checkpoint", launchers=TRAINING,
+     relies_on=("fairseq_cli.train:should_stop_early",))
 def resume_patience(save, load):
-    """A resumed ``fairseq-train --patience N`` forgets how many validations had not improved, and
-    takes its first validation after resuming as the best: it trains up to N validations longer
-    than the same run uninterrupted.
+    """A resumed ``fairseq-train --patience N`` forgets how many validations had not improved: it
+    trains up to N validations longer than the same run uninterrupted.
 
     ``fairseq_cli.train.should_stop_early`` keeps both on the function object, which a new process
     starts afresh. They are stored in the checkpoint's extra state (key ``should_stop_early``) and
@@ -412,11 +449,10 @@ def resume_patience(save, load):
     return save_checkpoint, load_checkpoint
 
 
-@fix("fairseq_cli.train:train", launchers=TRAINING)
+@fix("fairseq_cli.train:train", launchers=TRAINING, relies_on=("fairseq_cli.train:main",))
 def finished_runs_stay_finished(original):
-    """``fairseq-train`` resumed from a checkpoint that already has ``--max-update`` updates trains
-    one more update and saves it over ``checkpoint_last.pt``: every rerun of a finished command (a
-    resumable recipe) moves the model on by one update.
+    """A finished ``fairseq-train`` command run again trains one more update and saves it: every rerun
+    of a resumable recipe moves the model on by one update.
 
     ``fairseq_cli.train.main`` checks ``--max-update`` only after an update; the per-epoch ``train``
     it calls returns fairseq's own "stop" before the first update instead. ``--max-update 0`` (no
@@ -452,7 +488,9 @@ def amp_loss_scaler_flags(init):
     return __init__
 
 
-@fix("fairseq.distributed.utils:call_main", upstream="facebookresearch/fairseq#4696", launchers=TRAINING)
+@fix("fairseq.distributed.utils:call_main", upstream="facebookresearch/fairseq#4696",
+     launchers=("fairseq-train", "python -m fairseq_cli.train", "torchrun", "spawn"),
+     relies_on=("fairseq.options:parse_args_and_arch",))
 def bf16_without_tpu(original):
     """``fairseq-train --bf16`` turns on ``--tpu`` and, without torch_xla, dies at start ("'NoneType'
     object has no attribute 'xla_device'"), on a GPU as on a CPU.
@@ -460,7 +498,8 @@ def bf16_without_tpu(original):
     ``options.parse_args_and_arch`` sets ``args.tpu = True`` whenever ``--bf16`` is given; apart from
     that line, fairseq's trainer has a whole bf16 path. At ``call_main`` ``--tpu`` goes back to
     False when ``--bf16`` is on, ``--tpu`` was not on the command line and torch_xla is not
-    installed (where it is, ``--bf16`` keeps meaning a TPU, as upstream)."""
+    installed (where it is, ``--bf16`` keeps meaning a TPU, as upstream). fairseq-hydra-train parses
+    no command line, so implies no ``--tpu``: it has no row."""
 
     @functools.wraps(original)
     def call_main(cfg, main, **kwargs):
@@ -505,11 +544,15 @@ def _attempt_rendezvous(url, **kwargs):
         yield torch.distributed.PrefixStore(f"attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store), rank, world
 
 
-@fix("fairseq.distributed.utils:infer_init_method", upstream="pytorch/pytorch#135712", launchers=("torchrun",))
+def _register_attempt_rendezvous():
+    torch.distributed.register_rendezvous_handler(ATTEMPT_INIT_METHOD.split(":")[0], _attempt_rendezvous)
+
+
+@fix("fairseq.distributed.utils:infer_init_method", upstream="pytorch/pytorch#135712", launchers=("torchrun",),
+     relies_on=("fairseq.distributed.utils:call_main",), once=_register_attempt_rendezvous)
 def torchrun_joins_one_group(original):
     """Workers started by ``torchrun`` train as independent runs (or, without CUDA, fail) unless
-    ``--distributed-world-size`` matches, which its default does only on a machine with as many GPUs
-    as workers; a group that ``torchrun --max-restarts`` starts again hangs in its distributed init.
+    ``--distributed-world-size`` matches; a group that ``torchrun --max-restarts`` restarts hangs.
 
     fairseq reads torchrun's variables only when ``--distributed-world-size`` is above 1, and its
     default is the number of local GPUs. Under torchrun's variables the world size and rank come from
@@ -524,7 +567,6 @@ def torchrun_joins_one_group(original):
 
     Raises ValueError when ``--distributed-world-size`` differs from ``WORLD_SIZE`` and from its
     default, and when torchrun may restart the workers of several machines sharing its store."""
-    torch.distributed.register_rendezvous_handler(ATTEMPT_INIT_METHOD.split(":")[0], _attempt_rendezvous)
 
     @functools.wraps(original)
     def infer_init_method(cfg, force_distributed=False):
@@ -564,14 +606,15 @@ def _distributed_main(i, main, cfg, kwargs):
     return _fairseq_distributed_main[0](i, main, cfg, kwargs)
 
 
-@fix("fairseq.distributed.utils:distributed_main", launchers=("torchrun", "spawn"))
+@fix("fairseq.distributed.utils:distributed_main", launchers=("torchrun",))
 def bmuf_world_size(original):
     """Under torchrun or SLURM, ``--use-bmuf`` reads a world size of 1 and never synchronises, and the
     logged config says so.
 
     fairseq copies ``--distributed-world-size`` into the BMUF config when it parses the command line,
     before the world size is found from torchrun's or SLURM's variables; the copy is made again once
-    the world size is known (``distributed_utils.distributed_main``, before ``main``)."""
+    the world size is known (``distributed_utils.distributed_main``, before ``main``). fairseq's spawn
+    is started with the world size on its command line: it has no row."""
     _fairseq_distributed_main[:] = [original]
     return _distributed_main
 
@@ -598,9 +641,8 @@ def pytorch_ddp_on_cpu(original):
 @fix("fairseq.distributed.distributed_timeout_wrapper:DistributedTimeoutWrapper.__init__",
      launchers=("torchrun",))
 def heartbeat_ends_a_hung_job(original):
-    """``--heartbeat-timeout N`` logs that it kills a worker that makes no progress, but its SIGINT
-    cannot end one that waits in a collective for a hung peer: the job waits for the process group's
-    timeout (30 minutes on gloo).
+    """``--heartbeat-timeout N`` cannot end a worker that waits in a collective for a hung peer: the
+    job waits for the process group's timeout (30 minutes on gloo).
 
     The watchdog (``DistributedTimeoutWrapper``) sends SIGTERM instead, whose default action ends the
     process wherever it waits; torchrun then stops the group (and starts it again under
@@ -653,7 +695,8 @@ def _stop_prefetching():
                 consumer.join(0.01)
 
 
-@fix("fairseq.data.iterators:BufferedIterator._create_consumer", launchers=IN_PROCESS_TRAINING)
+@fix("fairseq.data.iterators:BufferedIterator._create_consumer", launchers=IN_PROCESS_TRAINING,
+     relies_on=("fairseq.data.iterators:BackgroundConsumer.run",), once=lambda: atexit.register(_stop_prefetching))
 def prefetching_stops_at_exit(original):
     """``fairseq-train`` stopped mid-epoch (``--max-update``, ``--max-valid-steps``) can abort at exit
     ("terminate called without an active exception", exit status 134) after it has finished and
@@ -664,7 +707,6 @@ def prefetching_stops_at_exit(original):
     (CPython < 3.14 ends daemon threads with ``pthread_exit``), the process aborts. An ``atexit``
     handler lets each live thread finish its batch and return, for at most
     ``PREFETCH_STOP_SECONDS`` seconds in all."""
-    atexit.register(_stop_prefetching)
 
     @functools.wraps(original)
     def _create_consumer(self):
@@ -713,9 +755,8 @@ def help_lists_model_flags(original):
      "fairseq.tasks.fairseq_task:LegacyFairseqTask.build_model",
      "fairseq.tasks.fairseq_task:LegacyFairseqTask.build_criterion", launchers=("fairseq-hydra-train",))
 def presets_reach_the_criterion(build_model, build_criterion, legacy_build_model, legacy_build_criterion):
-    """Under ``fairseq-hydra-train`` an architecture preset's settings of its criterion's fields
-    (latent depth's training schedule) do not reach the criterion, which trains with its own
-    defaults, and the preset reads no criterion flag.
+    """Under ``fairseq-hydra-train`` a preset's settings of its criterion's fields (latent depth's
+    training schedule) do not reach the criterion, which trains with its own defaults.
 
     ``fairseq-train`` reads model and criterion from one namespace; ``fairseq-hydra-train`` keeps
     ``criterion`` apart from ``model`` and applies the preset to ``model`` alone. For the tasks of both

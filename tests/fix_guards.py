@@ -68,7 +68,8 @@ class Runs:
         if stage == 2:
             return resumed
         if "patience 3" not in self.kept:
-            self.finished = updates(save)
+            saved = torch.load(save / "checkpoint_last.pt", weights_only=False)
+            self.finished, self.finished_model = saved["optimizer_history"][-1]["num_updates"], saved["model"]
         return self.train("patience 3", *flags, "--max-epoch", 10, "--max-update", self.finished, save=save)
 
     def decode(self, key, *flags, path=None):
@@ -130,10 +131,13 @@ def guard_keep_last_batch(runs, monkeypatch):
 
 
 def guard_require_auxiliary_criterion(runs, monkeypatch):
-    """WideNet under a criterion that drops its balance loss stops before its first update."""
-    out = runs.train("auxiliary", "--max-update", 1, arch="widenet_tiny")
-    assert out.returncode != 0 and "train with --criterion moe_label_smoothed_cross_entropy" in out.text
-    assert not (runs.tmp / "auxiliary" / "checkpoint_last.pt").exists()
+    """WideNet and latent depth, under a criterion that drops their auxiliary losses, stop before
+    their first update."""
+    for arch, criterion in [("widenet_tiny", "moe_label_smoothed_cross_entropy"),
+                            ("latent_depth_transformer_tiny", "latent_depth_label_smoothed_cross_entropy")]:
+        out = runs.train(arch, "--max-update", 1, arch=arch)
+        assert out.returncode != 0 and f"train with --criterion {criterion}" in out.text, out.text[-3000:]
+        assert not (runs.tmp / arch / "checkpoint_last.pt").exists()
 
 
 def guard_resume_patience(runs, monkeypatch):
@@ -144,10 +148,13 @@ def guard_resume_patience(runs, monkeypatch):
 
 
 def guard_finished_runs_stay_finished(runs, monkeypatch):
-    """The command of a run that reached its --max-update, run again, trains nothing (stock: one more update)."""
+    """The command of a run that reached its --max-update, run again, trains nothing and leaves its
+    checkpoint as it was (stock: one more update)."""
     out = runs.patience(3)
     assert out.returncode == 0 and "nothing to train: the checkpoint has" in out.text, out.text[-3000:]
-    assert updates(runs.tmp / "patience") == runs.finished
+    after = torch.load(runs.tmp / "patience" / "checkpoint_last.pt", weights_only=False)
+    assert after["optimizer_history"][-1]["num_updates"] == runs.finished
+    assert all(torch.equal(runs.finished_model[k], after["model"][k]) for k in after["model"])
 
 
 def guard_amp_loss_scaler_flags(runs, monkeypatch):

@@ -4,19 +4,23 @@ and the matrix's rows of the launchers that run in this process: each fix's guar
 under fairseq-train, ``python -m fairseq_cli.train``, fairseq-hydra-train and the decoders, where the
 registry says it is tested (torchrun's and fairseq's spawn's rows: tests/test_fairseq_fixes_launched.py)."""
 import os
+import re
 import subprocess
 import sys
+from argparse import Namespace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from fairseq.data import data_utils
+from fairseq.tasks.translation import TranslationTask
 
 from fairseq_widearch import fairseq_fixes
 from fairseq_widearch.fairseq_fixes import DECODING, FIXES, TRAINING, auxiliary_criterion_error
 from fairseq_widearch.model_builder import build_model
 from fix_guards import ELSEWHERE, GUARDS, MATRIX, PLUGIN, PROCESSES, SENTENCES, dummy_runs
-from testing_utils import REPO, TINY_CASES, fairseq
+from testing_utils import REPO, TINY_CASES, fairseq, train
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +60,32 @@ def test_every_pin_is_the_installed_fairseqs():
         {target: fairseq_fixes.WRITTEN_FOR[target] for fix_ in FIXES.values() for target in fix_.pins}
 
 
-def test_a_changed_target_is_left_alone_with_one_warning(monkeypatch):
-    def batch_by_size(indices, *args, **kwargs):  # another fairseq's: a different source
-        return [indices]
+def _changed(indices, *args, **kwargs):  # another fairseq's function: a source of its own
+    return [indices]
 
-    monkeypatch.setattr(data_utils, "batch_by_size", batch_by_size)
+
+@pytest.mark.parametrize("fix_name,target,change", [
+    ("keep_last_batch", "fairseq.data.data_utils:batch_by_size", _changed),
+    ("resume_patience", "fairseq.trainer:Trainer.load_checkpoint", _changed),  # a method; its pair is left too
+    ("prefetching_stops_at_exit", "fairseq.data.iterators:BufferedIterator._create_consumer", None),  # gone
+    ("finished_runs_stay_finished", "fairseq_cli.train:main", _changed),  # what it relies on, not what it replaces
+])
+def test_a_changed_or_missing_target_is_left_alone_with_one_warning(fix_name, target, change, monkeypatch):
+    (owner, attribute), = fairseq_fixes.owners(target)
+    for t in FIXES[fix_name].replaces:  # as fairseq has them (monkeypatch puts the fixed ones back)
+        monkeypatch.setattr(*fairseq_fixes.owners(t)[0], getattr(*fairseq_fixes.owners(t)[0]).__wrapped__)
+    if change is None:
+        monkeypatch.delattr(owner, attribute)
+    else:
+        monkeypatch.setattr(owner, attribute, change)
     monkeypatch.setattr(fairseq_fixes, "_WARNED", set())
-    with pytest.warns(fairseq_fixes.FixNotApplied, match=r"fix keep_last_batch not applied: "
-                      r"fairseq.data.data_utils:batch_by_size: its source \(sha256 \w+\) differs") as warned:
+    reason = "it is not there" if change is None else r"its source \(sha256 \w+\) differs"
+    with pytest.warns(fairseq_fixes.FixNotApplied, match=f"fix {fix_name} not applied: {target}: {reason}") as warned:
         fairseq_fixes.apply_fixes()
         fairseq_fixes.apply_fixes()
-    assert data_utils.batch_by_size is batch_by_size and len(warned) == 1
+    assert len([w for w in warned if fix_name in str(w.message)]) == 1
+    assert all(fix_name not in fairseq_fixes.fixes_on(getattr(*fairseq_fixes.owners(t)[0]))
+               for t in FIXES[fix_name].replaces if t != target or change is not None)
 
 
 @pytest.mark.e2e
@@ -88,8 +107,10 @@ def test_the_off_switch_takes_none_all_or_fixes_to_leave_out_and_refuses_an_unkn
 NO_FIXES_FLOW = """
 from pathlib import Path
 from fairseq_widearch import fairseq_fixes
-from testing_utils import TINY_CASES, fairseq, dummy_translation_data, train
-assert fairseq_fixes._SELECTED == [], fairseq_fixes._SELECTED
+from testing_utils import TINY_CASES, fairseq, dummy_translation_data, hydra_config, train
+assert fairseq_fixes.APPLIED == set(), fairseq_fixes.APPLIED
+assert not any(fairseq_fixes.fixes_on(getattr(*place)) for fix in fairseq_fixes.FIXES.values()
+               for target in fix.replaces for place in fairseq_fixes.owners(target))
 tmp = Path({tmp!r})
 data = dummy_translation_data(tmp)
 for arch, flags in TINY_CASES.items():
@@ -98,6 +119,12 @@ for arch, flags in TINY_CASES.items():
                   "--gen-subset", "test", "--batch-size", "8", "--required-batch-size-multiple", "1", "--beam", "1",
                   "--max-len-b", "3", "--cpu", *flags[:2])
     print(arch, out.stdout.count("H-"))
+try:  # the one that cannot: latent depth's preset reaches its criterion under hydra through a fix
+    fairseq("hydra-train", *hydra_config([data, "--user-dir", {plugin!r}, "--arch", "latent_depth_transformer_tiny",
+            "--criterion", "latent_depth_label_smoothed_cross_entropy", "--optimizer", "adam", "--lr", "0.001",
+            "--max-tokens", "1024", "--cpu", "--max-update", "1", "--save-dir", tmp / "hydra"], tmp))
+except AssertionError as refused:
+    print("hydra", [line for line in str(refused).splitlines() if "presets_reach_the_criterion" in line][-1:])
 """
 
 
@@ -105,13 +132,17 @@ for arch, flags in TINY_CASES.items():
 @pytest.mark.e2e
 def test_with_every_fix_off_each_architecture_trains_and_decodes_through_stock_fairseq(tmp_path):
     """As stock fairseq under torch >= 2.6 decodes at all: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, and
-    --required-batch-size-multiple 1 for every sentence."""
+    --required-batch-size-multiple 1 for every sentence; fairseq-hydra-train's refusal of latent depth
+    (its preset's schedule does not reach the criterion) names the fix."""
     code = NO_FIXES_FLOW.format(tmp=str(tmp_path), plugin=str(PLUGIN))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO / "tests",
                           env={**os.environ, "FAIRSEQ_WIDEARCH_FIXES": "none", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
                                "PYTHONPATH": str(REPO / "tests")})
-    decoded = dict(line.split() for line in proc.stdout.splitlines() if line.count(" ") == 1)
+    decoded = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.count(" ") >= 1)
+    refused = decoded.pop("hydra", "")
     assert decoded == {arch: str(SENTENCES) for arch in TINY_CASES}, proc.stderr[-3000:]
+    assert "--latent-objective released needs" in refused, proc.stderr[-3000:]
+    assert "the fix presets_reach_the_criterion, which gives it, is not applied" in refused
 
 
 # ---- the fixes' own units ----
@@ -124,6 +155,72 @@ def test_batch_by_size_keeps_the_remainder_as_its_own_batch(size, max_sentences)
                                        max_tokens=4096, max_sentences=max_sentences, required_batch_size_multiple=8)
     assert np.array_equal(np.concatenate(batches), indices)  # every sentence once, in order
     assert all(len(b) % 8 == 0 for b in batches[:-1])
+
+
+STOCK_TINY = ["--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-layers", "1",
+              "--decoder-layers", "1", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+def translation_task(data):
+    args = Namespace(data=str(data), source_lang="en", target_lang="de", left_pad_source=True,
+                     left_pad_target=False, dataset_impl=None, upsample_primary=-1, load_alignments=False,
+                     truncate_source=False, num_batch_buckets=0, train_subset="train", required_seq_len_multiple=1,
+                     max_source_positions=1024, max_target_positions=1024, eval_bleu=False)
+    task = TranslationTask.setup_task(args)
+    for split in ("train", "valid"):
+        task.load_dataset(split)
+    return task
+
+
+def batches(task, split, shuffle, max_tokens=1024):
+    dataset = task.dataset(split)
+    # as fairseq-train builds its iterators (default --required-batch-size-multiple 8)
+    itr = task.get_batch_iterator(dataset, max_tokens=max_tokens, max_positions=(1024, 1024),
+                                  required_batch_size_multiple=8, seed=1, disable_iterator_cache=True)
+    return list(itr.next_epoch_itr(shuffle=shuffle)), len(dataset)
+
+
+def test_validation_counts_every_sentence(multi30k_bin):
+    valid, size = batches(translation_task(multi30k_bin), "valid", shuffle=False)
+    assert size == 1014 and size % 8  # Multi30k val, whose 6 longest sentences fairseq dropped
+    assert sum(sample["nsentences"] for sample in valid) == size
+
+
+def test_one_training_epoch_visits_every_sentence(multi30k_bin):
+    # at 512 tokens the longest batch holds one sentence, which fairseq dropped
+    train_batches, size = batches(translation_task(multi30k_bin), "train", shuffle=True, max_tokens=512)
+    ids = torch.cat([sample["id"] for sample in train_batches])
+    assert sorted(ids.tolist()) == list(range(size))
+
+
+@pytest.mark.slow
+def test_generate_emits_one_hypothesis_per_sentence_for_a_stock_transformer(multi30k_bin, tmp_path):
+    """docs/fairseq_fixes.md's table: Multi30k val's 1,014 sentences (stock fairseq: 1,008)."""
+    train(multi30k_bin, tmp_path, "transformer", *STOCK_TINY, max_update=1)
+    gen = fairseq("generate", multi30k_bin, "--user-dir", PLUGIN, "--path", tmp_path / "checkpoint_last.pt",
+                  "--gen-subset", "valid", "--max-sentences", "128", "--beam", "1", "--max-len-b", "3", "--cpu")
+    assert len(re.findall(r"^H-\d+\t", gen.stdout, re.M)) == 1014
+    assert "Translated 1,014 sentences" in gen.stderr
+
+
+class RecordedScaler:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+@pytest.mark.parametrize("amp_init_scale,window,expected", [
+    (4.0, 50, {"init_scale": 4.0, "growth_interval": 50}),
+    (128.0, None, {"init_scale": 128.0}),  # no window: torch's default growth interval
+])
+def test_amp_loss_scaler_obeys_the_amp_flags(amp_init_scale, window, expected, monkeypatch):
+    """fairseq built it from --fp16-init-scale, and grew it every --amp-init-scale updates when
+    --amp-scale-window was set."""
+    from fairseq.optim.amp_optimizer import AMPOptimizer
+    monkeypatch.setattr(torch.cuda.amp, "GradScaler", RecordedScaler)
+    common = Namespace(fp16_init_scale=64.0, amp_init_scale=amp_init_scale, amp_scale_window=window,
+                       min_loss_scale=1e-4)
+    optimizer = AMPOptimizer(Namespace(optimizer=Namespace(), common=common), [], None)
+    assert optimizer._grad_scaler.kwargs == expected
 
 
 def test_models_without_auxiliary_losses_train_with_any_criterion():

@@ -54,7 +54,7 @@ def batches_in(out):
 
 @pytest.fixture(scope="module")
 def uninterrupted(multi30k_bin, tmp_path_factory):
-    """The same training, its two ranks started by hand (tests/test_torchrun.py: as under torchrun)."""
+    """The same training, its two ranks started by hand, whose parameters the torchrun runs below end with."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
         states, outs = ddp_train(multi30k_bin, tmp_path_factory.mktemp("uninterrupted"), "widenet_tiny",

@@ -252,7 +252,8 @@ def fixes() -> str:
         replaces = "<br>".join(f"`{target.replace(':', '.')}`" for target in fix.replaces) or \
             "nothing (torch's allow-list)"
         lines.append(f"| `{name}` | {replaces} | {markdown(fix.why)} | {fix.upstream or ''} | {launchers(fix.launchers)} |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", "On CPUs the spawn rows run with the spawning process told of two devices "
+                                   "([Every launcher](#every-launcher))."])
 
 
 WRITERS = {"fixes": fixes, "cost": cost, "bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "speed": speed, "seed_span": seed_span,

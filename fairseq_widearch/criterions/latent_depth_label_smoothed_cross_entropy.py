@@ -50,6 +50,7 @@ from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
 from .auxiliary_loss import AuxiliaryLossCriterion
+from ..fairseq_fixes import left_out
 
 PRIORS = ("uniform", "beta", "aggregated")
 UTILIZATION = ("samples", "probs")
@@ -190,8 +191,9 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
         unset = {**dict(latent_kl_anneal_updates=0, latent_target_layers=0), **OBJECTIVE_DEFAULTS[latent_objective]}
         latent_kl_weight = unset["latent_kl_weight"] if latent_kl_weight is None else latent_kl_weight
         if latent_target_layers is None and latent_objective == "released":
-            raise ValueError("--latent-objective released needs --latent-target-layers K (0: none; every "
-                             "latent_depth_transformer preset sets half its latent layers)")
+            raise ValueError(f"--latent-objective released needs --latent-target-layers K (0: none; every "
+                             f"latent_depth_transformer preset sets half its latent layers"
+                             f"{left_out('presets_reach_the_criterion')})")
         latent_target_layers = unset["latent_target_layers"] if latent_target_layers is None else latent_target_layers
         if latent_kl_anneal_updates is None:
             latent_kl_anneal_updates = unset["latent_kl_anneal_updates"]
@@ -210,8 +212,8 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
                              "does: --latent-utilization probs is Eq. 8's option (--latent-objective ours)")
         if latent_objective == "released" and latent_kl_anneal_updates <= 0:
             raise ValueError(f"--latent-objective released needs --latent-kl-anneal-updates > 0 (the released code's "
-                             f"--anneal-updates; every latent_depth_transformer preset sets it for its budget), got "
-                             f"{latent_kl_anneal_updates}")
+                             f"--anneal-updates; every latent_depth_transformer preset sets it for its budget"
+                             f"{left_out('presets_reach_the_criterion')}), got {latent_kl_anneal_updates}")
         self.prior, self.prior_mean = latent_prior, a / (a + b) if latent_prior == "beta" else 0.5
         self.kl_weight, self.kl_anneal_updates = latent_kl_weight, latent_kl_anneal_updates
         self.target_layers, self.depth_weight = latent_target_layers, latent_depth_weight
