@@ -8,6 +8,9 @@
 #   bash examples/gpu_recipes_smoke.sh [DATA_BIN (runs/multi30k/data/bin)] [WORK (runs/recipes_smoke)]
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/examples/args.sh"
+help_asked "$@" && { usage "$0"; exit 0; }
+need_dir DATA_BIN "${1:-$ROOT/runs/multi30k/data/bin}"
 DATA="$(realpath "${1:-$ROOT/runs/multi30k/data/bin}")"
 WORK="$(mkdir -p "${2:-$ROOT/runs/recipes_smoke}" && realpath "${2:-$ROOT/runs/recipes_smoke}")"
 cd "$ROOT"  # the recipes keep their checkpoints under checkpoints/ unless SAVE is set

@@ -9,12 +9,20 @@
 # made with one of those: $PYTHON if set; else python3 if it is 3.11 or 3.12; else python3.12, then
 # python3.11 from PATH. With none, it stops before creating anything. An existing $VENV of another
 # version is not reused. `setup_venv.sh --print-python` prints the interpreter it would take.
+#
+#   bash examples/setup_venv.sh [--print-python]
 set -euo pipefail
 HERE="${BASH_SOURCE[0]%/*}"  # no dirname: the interpreter is chosen with bash's builtins alone
 [ "$HERE" = "${BASH_SOURCE[0]}" ] && HERE=.
 ROOT="$(cd "$HERE/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 SUPPORTED="3.11 3.12"
+source "$HERE/args.sh"
+case "${1:-}" in
+  -h|--help) usage "${BASH_SOURCE[0]}"; exit 0 ;;
+  ""|--print-python) ;;
+  *) die "unknown option $1 (see --help)" ;;
+esac
 HOW="install one (Debian and Ubuntu: apt install python3.12-venv, or python3.11-venv; elsewhere pyenv or \
 python.org) and run again, or point PYTHON at it (PYTHON=/path/to/python3.12)"
 

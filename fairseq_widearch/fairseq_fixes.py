@@ -552,7 +552,7 @@ def _register_attempt_rendezvous():
      relies_on=("fairseq.distributed.utils:call_main",), once=_register_attempt_rendezvous)
 def torchrun_joins_one_group(original):
     """Workers started by ``torchrun`` train as independent runs (or, without CUDA, fail) unless
-    ``--distributed-world-size`` matches; a group that ``torchrun --max-restarts`` restarts hangs.
+    ``--distributed-world-size`` matches; a group that torchrun restarts (``--max-restarts``) hangs.
 
     fairseq reads torchrun's variables only when ``--distributed-world-size`` is above 1, and its
     default is the number of local GPUs. Under torchrun's variables the world size and rank come from

@@ -124,27 +124,10 @@ def test_averaging_finds_the_interval_or_the_epoch_checkpoints_a_recipe_keeps(tm
         latest_checkpoints(tmp_path, 4, "epochs")
 
 
-def test_averaging_what_does_not_exist_is_one_line_naming_it(tmp_path):
-    for inputs, out in (([tmp_path / "run"], tmp_path / "avg.pt"),
-                        ([tmp_path / "a.pt", tmp_path / "b.pt"], tmp_path / "avg.pt"),
-                        ([tmp_path], tmp_path / "out" / "avg.pt")):
-        proc = cli("fairseq_widearch.cli.average_checkpoints", "--inputs", *inputs, "--out", out)
-        named = [str(p) for p in (*inputs, out.parent) if not p.exists()]
-        assert proc.returncode == 1 and proc.stderr == f"error: no such file or directory: {', '.join(named)}\n"
-
-
-@pytest.mark.parametrize("tool,args,named", [
-    ("prune_latent_layers", ["--checkpoint", "{tmp}/no.pt", "--out", "{tmp}/x.pt"], "no such file or directory: {tmp}/no.pt"),
-    ("export_subnet", ["--checkpoint", "{tmp}/no.pt", "--width", "64", "--out", "{tmp}/x.pt"], "directory: {tmp}/no.pt"),
-    ("export_subnet", ["--checkpoint", "{tmp}", "--width", "64", "--layer-widths", "64,a", "--out", "{tmp}/x.pt"],
-     "--layer-widths: comma-separated positive integers, got '64,a'"),
-    ("export_ctranslate2", ["--checkpoint", "{tmp}", "--data", "{tmp}/no", "--out", "{tmp}/ct2"], "directory: {tmp}/no"),
-    ("search_subnets", ["--checkpoint", "{tmp}/no.pt", "--data", "{tmp}", "--choices", "64"], "directory: {tmp}/no.pt"),
-    ("plot_expert_load", ["--checkpoint", "{tmp}/no.pt", "--data", "{tmp}", "--out", "{tmp}/x.png"], "directory: {tmp}/no.pt")])
-def test_a_tools_missing_input_or_bad_widths_is_one_line_naming_it(tool, args, named, tmp_path):
-    proc = cli(f"fairseq_widearch.cli.{tool}", *(a.format(tmp=tmp_path) for a in args))
+def test_averaging_into_a_directory_that_does_not_exist_is_one_line_naming_it(tmp_path):
+    proc = cli("fairseq_widearch.cli.average_checkpoints", "--inputs", tmp_path, "--out", tmp_path / "out" / "avg.pt")
     last = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode in (1, 2) and named.format(tmp=tmp_path) in last and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and last.endswith(f"error: argument --out: no such directory: {tmp_path / 'out'}")
 
 
 #: A way to run that older checkpoints stored in their model config, per preset; now chosen per

@@ -10,18 +10,21 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$ROOT/examples/args.sh"
+help_asked "$@" && { usage "$0"; exit 0; }
 DATA_DIR="${MULTI30K_DIR:-}"
 WORK="$ROOT/runs/multi30k"
 VENV="${VENV:-$ROOT/.venv}"
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --data-dir) DATA_DIR="$2"; shift 2 ;;
+    --data-dir) need_dir "$1" "$2"; DATA_DIR="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
-    --claims|--jobs|--device|--results|--figures) ARGS+=("$1" "$2"); shift 2 ;;
+    --jobs) ARGS+=("$1" "$2"); need_whole "$1" "$2" 1; shift 2 ;;
+    --device) ARGS+=("$1" "$2"); need_one_of "$1" "$2" cpu cuda; shift 2 ;;
+    --claims|--results|--figures) ARGS+=("$1" "$2"); shift 2 ;;
     --progress) ARGS+=("$1"); shift ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
-    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) die "unknown option $1 (see --help)" ;;
   esac
 done
 

@@ -5,7 +5,7 @@
 # (mean ± sd over the seeds), training tokens/s, utilisation, decoding speed and wall time, and the
 # BLEU-vs-MACs figure.
 #
-#   bash examples/compare/multi30k.sh [--max-update 1320] [--seeds 1,2] [--minutes M] [--work-dir DIR]
+#   bash examples/compare/multi30k.sh [--max-update N (1320)] [--seeds 1,2] [--minutes M] [--work-dir DIR]
 #                                     [--data-dir DIR] [--results FILE] [--throughput JSON] [--figure PNG] [--systems a,b,...]
 #                                     [--device cpu|cuda] [--jobs N]
 #
@@ -14,17 +14,21 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$ROOT/examples/args.sh"
+help_asked "$@" && { usage "$0"; exit 0; }
 DATA_DIR="${MULTI30K_DIR:-}"
 WORK="$ROOT/runs/multi30k"
 VENV="${VENV:-$ROOT/.venv}"
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --data-dir) DATA_DIR="$2"; shift 2 ;;
+    --data-dir) need_dir "$1" "$2"; DATA_DIR="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
-    --max-update|--seeds|--minutes|--results|--throughput|--figure|--systems|--device|--jobs) ARGS+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+    --max-update|--jobs) ARGS+=("$1" "$2"); need_whole "$1" "$2" 1; shift 2 ;;
+    --minutes) ARGS+=("$1" "$2"); need_positive "$1" "$2"; shift 2 ;;
+    --device) ARGS+=("$1" "$2"); need_one_of "$1" "$2" cpu cuda; shift 2 ;;
+    --seeds|--results|--throughput|--figure|--systems) ARGS+=("$1" "$2"); shift 2 ;;
+    *) die "unknown option $1 (see --help)" ;;
   esac
 done
 

@@ -9,6 +9,9 @@
 # "Presets"). Same budget and decoding as the multi-path quick start (soft layer weights); options
 # go to examples/multi30k/quickstart.sh, fairseq-train flags after `--` (e.g. `-- --seed 2`, or
 # `-- --latent-objective ours` for Eq. 8 as printed).
+#
+#   bash examples/latent_depth/multi30k.sh [quick-start options] [-- extra fairseq-train flags]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-exec bash "$ROOT/examples/multi30k/quickstart.sh" --arch latent_depth_transformer_multi30k "$@"
+source "$ROOT/examples/args.sh"
+quickstart_as latent_depth_transformer_multi30k "$0" "$@"

@@ -24,6 +24,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$ROOT/examples/args.sh"
+help_asked "$@" && { usage "$0"; exit 0; }
 IMPL=ours
 OBJECTIVE=ours
 SEED=1
@@ -35,16 +37,15 @@ WORK="$ROOT/runs/multi30k_o2m"
 VENV="${VENV:-$ROOT/.venv}"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --impl) IMPL="$2"; shift 2 ;;
-    --objective) OBJECTIVE="$2"; shift 2 ;;
-    --seed) SEED="$2"; shift 2 ;;
-    --max-update) MAX_UPDATE="$2"; shift 2 ;;
-    --minutes) MINUTES="$2"; shift 2 ;;
+    --impl) need_one_of "$1" "$2" ours anchor anchor_initialised; IMPL="$2"; shift 2 ;;
+    --objective) need_one_of "$1" "$2" ours released; OBJECTIVE="$2"; shift 2 ;;
+    --seed) need_whole "$1" "$2" 0; SEED="$2"; shift 2 ;;
+    --max-update) need_whole "$1" "$2" 1; MAX_UPDATE="$2"; shift 2 ;;
+    --minutes) need_positive "$1" "$2"; MINUTES="$2"; shift 2 ;;
     --decode) DECODE="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
-    --data-dir) DATA_DIR="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
-    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+    --data-dir) need_dir "$1" "$2"; DATA_DIR="$2"; shift 2 ;;
+    *) die "unknown option $1 (see --help)" ;;
   esac
 done
 case "$IMPL/$OBJECTIVE" in

@@ -19,6 +19,10 @@
 # fairseq-generate's --model-overrides).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"  # runs from any directory
+source "$ROOT/examples/args.sh"
+help_asked "$@" && { usage "$0"; exit 0; }
+[ $# -gt 0 ] || die "argument DATA_BIN: missing (see --help)"
+need_dir DATA_BIN "$1"
 DATA="$1"; shift
 ARCH="${ARCH:-latent_depth_transformer_lld_12_24}"
 SAVE="${SAVE:-checkpoints/$ARCH}"

@@ -14,6 +14,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$ROOT/examples/args.sh"
+help_asked "$@" && { usage "$0"; exit 0; }
 DATA_DIR="${MULTI30K_DIR:-}"
 UPDATES=1320
 MINUTES=60
@@ -23,26 +25,16 @@ VENV="${VENV:-$ROOT/.venv}"
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --data-dir) DATA_DIR="$2"; shift 2 ;;
-    --updates) UPDATES="$2"; shift 2 ;;
-    --minutes) MINUTES="$2"; shift 2 ;;
+    --data-dir) need_dir "$1" "$2"; DATA_DIR="$2"; shift 2 ;;
+    --updates) need_whole "$1" "$2" 1; UPDATES="$2"; shift 2 ;;
+    # fairseq-train reads --stop-time-hours 0 (or less) as "no limit": a positive number
+    --minutes) need_positive "$1" "$2"; MINUTES="$2"; shift 2 ;;
     --arch) ARCH="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); set --; break ;;  # the rest is fairseq-train's, not setup.sh's
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) die "unknown option $1 (see --help)" ;;
   esac
 done
-# fairseq-train reads --stop-time-hours 0 (or less) as "no limit": insist on a positive number
-if ! [[ "$MINUTES" =~ ^([0-9]+[.]?[0-9]*|[.][0-9]+)$ ]] || [[ "$MINUTES" =~ ^[0.]+$ ]]; then
-  echo "error: --minutes takes a positive number of minutes (e.g. 15 or 0.5), got '$MINUTES'" >&2
-  exit 2
-fi
-
-if ! [[ "$UPDATES" =~ ^[1-9][0-9]*$ ]]; then
-  echo "error: --updates takes a positive whole number of updates (e.g. 1320), got '$UPDATES'" >&2
-  exit 2
-fi
 
 source "$ROOT/examples/multi30k/setup.sh"
 

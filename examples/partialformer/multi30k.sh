@@ -3,6 +3,9 @@
 # (d 128, 6 Self-AFFN encoder layers, 3 decoder layers, H_0 = 4 Q/K heads expanded to H = 12-8,
 # PG-FFN r = 4 / 2, residual-like attention). Same data, budget, optimiser and decoding as the
 # multi-path quick start; extra options go to examples/multi30k/quickstart.sh.
+#
+#   bash examples/partialformer/multi30k.sh [quick-start options] [-- extra fairseq-train flags]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-exec bash "$ROOT/examples/multi30k/quickstart.sh" --arch partialformer_multi30k "$@"
+source "$ROOT/examples/args.sh"
+quickstart_as partialformer_multi30k "$0" "$@"

@@ -15,6 +15,10 @@
 # its --icml17 option gives the WMT'14 data of Vaswani et al., which the papers' tables use.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"  # runs from any directory
+source "$ROOT/examples/args.sh"
+help_asked "$@" && { usage "$0"; exit 0; }
+[ $# -gt 0 ] || die "argument DATA_BIN: missing (see --help)"
+need_dir DATA_BIN "$1"
 DATA="$1"; shift
 ARCH="${ARCH:-partialformer_24_6_d360_h30_16}"
 SAVE="${SAVE:-checkpoints/$ARCH}"

@@ -2,7 +2,7 @@
 # Scalable Transformers on Multi30k En->De on CPU: the three training stages of Gao et al. (2021),
 # BLEU per width after each stage (the paper's Table 2 in miniature), and two exported widths.
 #
-#   bash examples/scalable_transformer/multi30k.sh [--minutes "25 15 15"] [--anneal-updates 100]
+#   bash examples/scalable_transformer/multi30k.sh [--minutes "M1 M2 M3" ("25 15 15")] [--anneal-updates N (100)]
 #                                                  [--work-dir DIR] [--data-dir DIR]
 #
 # Model: scalable_transformer_multi30k (M_max = 256, widths 64/128/192/256, 3 + 3 layers).
@@ -17,6 +17,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$ROOT/examples/args.sh"
+help_asked "$@" && { usage "$0"; exit 0; }
 DATA_DIR="${MULTI30K_DIR:-}"
 MINUTES=(25 15 15)
 ANNEAL=100
@@ -24,12 +26,14 @@ WORK="$ROOT/runs/multi30k"
 VENV="${VENV:-$ROOT/.venv}"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --minutes) read -r -a MINUTES <<< "$2"; shift 2 ;;
-    --anneal-updates) ANNEAL="$2"; shift 2 ;;
+    --minutes) read -r -a MINUTES <<< "$2"
+      [ "${#MINUTES[@]}" = 3 ] || die "argument --minutes: takes three numbers above 0, got '$2'"
+      for m in "${MINUTES[@]}"; do need_positive "$1" "$m"; done
+      shift 2 ;;
+    --anneal-updates) need_whole "$1" "$2" 1; ANNEAL="$2"; shift 2 ;;
     --work-dir) WORK="$2"; shift 2 ;;
-    --data-dir) DATA_DIR="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+    --data-dir) need_dir "$1" "$2"; DATA_DIR="$2"; shift 2 ;;
+    *) die "unknown option $1 (see --help)" ;;
   esac
 done
 

@@ -21,8 +21,12 @@
 # wheel: fetch it from there. By default it prepares WMT'17 training data (newstest2014 as test);
 # its --icml17 option gives the WMT'14 data of Vaswani et al., which the papers' tables use.
 set -euo pipefail
-DATA="$1"; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$ROOT/examples/args.sh"
+help_asked "$@" && { usage "$0"; exit 0; }
+[ $# -gt 0 ] || die "argument DATA_BIN: missing (see --help)"
+need_dir DATA_BIN "$1"
+DATA="$1"; shift
 ARCH="${ARCH:-scalable_transformer_wmt_en_de}"
 SAVE="${SAVE:-checkpoints/$ARCH}"
 UPDATES_PER_EPOCH="${UPDATES_PER_EPOCH:-9800}"  # ~4.5M pairs / 458,752 tokens per update; adjust to your data

@@ -3,6 +3,9 @@
 # criterion at its defaults (label-smoothed CE + 0.01 x summed balance losses, Eq. 8). Same budget
 # and decoding as the multi-path quick start; options go to examples/multi30k/quickstart.sh,
 # fairseq-train flags after `--` (e.g. `-- --seed 2`).
+#
+#   bash examples/widenet/multi30k.sh [quick-start options] [-- extra fairseq-train flags]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-exec bash "$ROOT/examples/multi30k/quickstart.sh" --arch widenet_multi30k "$@"
+source "$ROOT/examples/args.sh"
+quickstart_as widenet_multi30k "$0" "$@"

@@ -1,18 +1,44 @@
-"""Command-line tools (``python -m fairseq_widearch.cli.<tool>``), and the checks of their arguments
-they share, so that a bad argument ends in one line naming it rather than a traceback."""
+"""Command-line tools (``python -m fairseq_widearch.cli.<tool>``), and the argument types they share,
+so that a bad argument ends in one line naming it and what it accepts (argparse's ``error:`` line),
+never in a traceback. Each type carries ``accepts`` (what it takes) and ``invalid`` (a value it
+refuses), from which tests/test_wrong_input.py finds what to give every tool's every argument."""
 import argparse
+import math
 import os
-from typing import List
+from typing import Callable, List
 
 
-def require(*paths: str):
-    """Exit naming the paths that do not exist, in one line, as argparse names a bad argument.
+def _checked(convert: Callable, valid: Callable, accepts: str, invalid: str) -> Callable:
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not valid(value):
+            raise argparse.ArgumentTypeError(f"takes {accepts}, got {text!r}")
+        return value
 
-    Raises:
-        SystemExit: with ``error: no such file or directory: ...``, if one of ``paths`` is missing."""
-    missing = [str(path) for path in paths if path is not None and not os.path.exists(path)]
-    if missing:
-        raise SystemExit(f"error: no such file or directory: {', '.join(missing)}")
+    parse.__name__, parse.accepts, parse.invalid = convert.__name__, accepts, invalid
+    return parse
+
+
+def whole(low: int = 0, meaning: str = "") -> Callable:
+    """An argparse type: a whole number >= ``low`` (``meaning``: what a value stands for, e.g. "0: all")."""
+    return _checked(int, lambda v: v >= low, f"a whole number >= {low}" + (f" ({meaning})" if meaning else ""),
+                    str(low - 1))
+
+
+def number(low: float = None, high: float = None, meaning: str = "") -> Callable:
+    """An argparse type: a finite real number, above ``low`` and below ``high`` where given (both excluded)."""
+    bounds = " and ".join([*([f"above {low:g}"] if low is not None else []),
+                           *([f"below {high:g}"] if high is not None else [])])
+    return _checked(float, lambda v: math.isfinite(v) and (low is None or v > low) and (high is None or v < high),
+                    "a number" + (f" {bounds}" if bounds else "") + (f" ({meaning})" if meaning else ""),
+                    str(low if low is not None else high if high is not None else "nan"))
+
+
+existing = _checked(str, os.path.exists, "an existing file or directory", "/no/such/path")
+existing.__name__ = "path"
 
 
 def widths(text: str) -> List[int]:
@@ -25,5 +51,8 @@ def widths(text: str) -> List[int]:
     except ValueError:
         values = []
     if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"comma-separated positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"takes comma-separated positive integers, got {text!r}")
     return values
+
+
+widths.accepts, widths.invalid = "comma-separated positive integers", "0,64"

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading fairseq checkpoints)
+from fairseq_widearch.cli import existing, whole
 
 
 #: How fairseq names a directory's interval checkpoints and its epoch checkpoints, by the number
@@ -60,23 +61,27 @@ def average(paths) -> dict:
     return {**states[-1], "model": averaged, "last_optimizer_state": None}
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--inputs", nargs="+", required=True, help="checkpoint files, or one directory")
+    p.add_argument("--inputs", nargs="+", required=True, type=existing, help="checkpoint files, or one directory")
     count = p.add_mutually_exclusive_group()
-    count.add_argument("--num-update-checkpoints", type=int, help="with a directory: how many interval "
-                       "checkpoints (checkpoint_<epoch>_<updates>.pt) to average; the default, 10")
-    count.add_argument("--num-epoch-checkpoints", type=int, help="with a directory: how many epoch checkpoints "
-                       "(checkpoint<epoch>.pt, kept by --keep-last-epochs) to average")
-    p.add_argument("--out", required=True)
+    count.add_argument("--num-update-checkpoints", type=whole(1), default=10, help="with a directory: how many "
+                       "interval checkpoints (checkpoint_<epoch>_<updates>.pt) to average (default: 10)")
+    count.add_argument("--num-epoch-checkpoints", type=whole(1), help="with a directory: how many epoch "
+                       "checkpoints (checkpoint<epoch>.pt, kept by --keep-last-epochs) to average")
+    p.add_argument("--out", required=True, help="the averaged checkpoint to write (its directory must exist)")
+    return p
+
+
+def main(argv=None):
+    p = parser()
     args = p.parse_args(argv)
     inputs = [Path(x) for x in args.inputs]
-    missing = [str(path) for path in [*inputs, Path(args.out).parent] if not path.exists()]
-    if missing:
-        sys.exit(f"error: no such file or directory: {', '.join(missing)}")
+    if not Path(args.out).parent.exists():
+        p.error(f"argument --out: no such directory: {Path(args.out).parent}")
     if len(inputs) == 1 and inputs[0].is_dir():
         by_epochs = args.num_epoch_checkpoints is not None
-        inputs = latest_checkpoints(inputs[0], args.num_epoch_checkpoints if by_epochs else args.num_update_checkpoints or 10,
+        inputs = latest_checkpoints(inputs[0], args.num_epoch_checkpoints if by_epochs else args.num_update_checkpoints,
                                     "epochs" if by_epochs else "updates")
     torch.save(average(inputs), args.out)
     print(f"| averaged {len(inputs)} checkpoints ({inputs[0].name} ... {inputs[-1].name}) -> {args.out}")

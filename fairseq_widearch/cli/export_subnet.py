@@ -26,7 +26,7 @@ import fairseq_widearch  # noqa: F401  (registers the arch, allows loading check
 from fairseq_widearch.checkpoint_loading import save_derived_checkpoint
 from fairseq_widearch.model_builder import dummy_dictionary
 from fairseq_widearch.modules.sub_transformers import width_set
-from . import require, widths
+from . import existing, whole, widths
 
 #: Parameters of the exported model that alias another one (the tied output embedding).
 TIED = {"decoder.output_projection.weight"}
@@ -93,15 +93,18 @@ def export(checkpoint: str, out: str, width: int, layer_widths: Optional[List[in
     return exported.eval(), parent.sub_transformer_num_params()
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="a scalable_transformer checkpoint")
-    p.add_argument("--width", type=int, required=True, help="C, the sub-Transformer's width (type-1: D^i = C)")
+    p.add_argument("--checkpoint", required=True, type=existing, help="a scalable_transformer checkpoint")
+    p.add_argument("--width", type=whole(1), required=True, help="C, the sub-Transformer's width (type-1: D^i = C)")
     p.add_argument("--layer-widths", default=None, type=widths,
                    help="type-2: D^i of every encoder then decoder layer, comma-separated (C is then normally M_max)")
     p.add_argument("--out", required=True, help="where to write the exported checkpoint")
-    args = p.parse_args(argv)
-    require(args.checkpoint)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     layer_widths = args.layer_widths
     _, num_params = export(args.checkpoint, args.out, args.width, layer_widths)
     print(f"| exported width {args.width}" + (f" layer widths {layer_widths}" if layer_widths else "")

@@ -27,7 +27,7 @@ import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading che
 from fairseq_widearch.cli.plotting import pyplot
 from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.modules.moe import TopKRouter
-from . import require
+from . import existing, whole
 
 
 def call_labels(name: str, stack, calls: int) -> List[str]:
@@ -76,16 +76,19 @@ def plot(labels, load, dropped, title: str, out: str):
     fig.savefig(out, dpi=120)
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data", required=True, help="fairseq data directory of the checkpoint's dictionaries")
+    p.add_argument("--checkpoint", required=True, type=existing, help="a widenet checkpoint")
+    p.add_argument("--data", required=True, type=existing, help="fairseq data directory of the checkpoint's dictionaries")
     p.add_argument("--subset", default="valid")
-    p.add_argument("--max-sentences", type=int, default=0, help="first N sentences only (0: all)")
+    p.add_argument("--max-sentences", type=whole(0, "0: all"), default=0, help="first N sentences only (0: all)")
     p.add_argument("--inference-routing", action="store_true", help="route as at inference (eval capacity)")
     p.add_argument("--out", default="expert_load.png", help="PNG to write")
-    args = p.parse_args(argv)
-    require(args.checkpoint, args.data)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     [model], _, task = checkpoint_utils.load_model_ensemble_and_task([args.checkpoint], arg_overrides={"data": args.data})
     routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
     if not routers:

@@ -20,6 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
+from fairseq_widearch.cli import existing
 from fairseq_widearch.cli.plotting import num_updates, pyplot
 
 STACKS = ("encoder", "decoder")
@@ -71,11 +72,15 @@ def plot(updates: List[int], stacks: Dict[str, torch.Tensor], pairs: List[str], 
     fig.savefig(out, dpi=120)
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", nargs="+", help="checkpoint files or directories holding checkpoint*.pt")
+    p.add_argument("checkpoints", nargs="+", type=existing, help="checkpoint files or directories holding checkpoint*.pt")
     p.add_argument("--out", default="layer_utilization.png", help="PNG to write")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     updates, stacks, pairs = read_utilization(checkpoint_files(args.checkpoints))
     plot(updates, stacks, pairs, args.out)
     print(f"| {len(updates)} checkpoints ({updates[0]} to {updates[-1]} updates) -> {args.out}")

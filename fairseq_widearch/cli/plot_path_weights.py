@@ -23,6 +23,7 @@ from typing import Dict, Tuple
 import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
+from fairseq_widearch.cli import existing
 from fairseq_widearch.cli.plotting import num_updates, pyplot
 
 _FUSION = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn|ffn)\.fusion\.alpha$")
@@ -70,11 +71,15 @@ def plot(weights, title: str, out: str):
     fig.savefig(out, dpi=120)
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a multipath_transformer checkpoint")
+    p.add_argument("checkpoint", type=existing, help="a multipath_transformer checkpoint")
     p.add_argument("--out", default="path_weights.png", help="PNG to write")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     state = torch.load(args.checkpoint, map_location="cpu")
     weights = read_path_weights(state)
     if not weights:

@@ -15,11 +15,13 @@ Raises:
 """
 import argparse
 import json
+import os
 import sys
 from typing import Dict, List
 
 import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading checkpoints)
 from fairseq_widearch.cli.plotting import pyplot
+from fairseq_widearch.cli import existing, whole
 from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.experiments.scoring import load_scalable, validation_nll
 from fairseq_widearch.modules.sub_transformers import width_set
@@ -61,14 +63,30 @@ def plot(panels: List[tuple], out: str):
     fig.savefig(out, dpi=120)
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bleu", help="JSON lines of score_widths.py --json")
-    p.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=CKPT")
-    p.add_argument("--data", help="fairseq data directory (for --checkpoint)")
+    p.add_argument("--bleu", type=existing, help="JSON lines of score_widths.py --json")
+    p.add_argument("--checkpoint", action="append", default=[], type=labelled_checkpoint, metavar="LABEL=CKPT",
+                   help="a scalable_transformer checkpoint and its curve's label (repeatable)")
+    p.add_argument("--data", type=existing, help="fairseq data directory (for --checkpoint)")
     p.add_argument("--subset", default="valid")
-    p.add_argument("--max-sentences", type=int, default=0, help="first N sentences only (0: all)")
+    p.add_argument("--max-sentences", type=whole(0, "0: all"), default=0, help="first N sentences only (0: all)")
     p.add_argument("--out", default="scalable_widths.png", help="PNG to write")
+    return p
+
+
+def labelled_checkpoint(text: str) -> str:
+    """``LABEL=CKPT`` (or ``CKPT``) whose CKPT exists."""
+    if not os.path.exists(text.rpartition("=")[2]):
+        raise argparse.ArgumentTypeError(f"takes {labelled_checkpoint.accepts}, got {text!r}")
+    return text
+
+
+labelled_checkpoint.accepts, labelled_checkpoint.invalid = "LABEL=CKPT, CKPT an existing checkpoint", "x=/no/such.pt"
+
+
+def main(argv=None):
+    p = parser()
     args = p.parse_args(argv)
     if args.checkpoint and not args.data:
         p.error("--checkpoint needs --data")

@@ -27,7 +27,7 @@ import torch
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
 from fairseq_widearch.checkpoint_loading import save_derived_checkpoint
 from fairseq_widearch.modules.layer_select import undecided_warning
-from . import require
+from . import existing, number
 
 STACKS = ("encoder", "decoder")
 
@@ -105,16 +105,17 @@ def prune(checkpoint: str, out: str, threshold: float = 0.5, lang_pair: str = No
     return kept
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="a latent_depth_transformer checkpoint")
+    p.add_argument("--checkpoint", required=True, type=existing, help="a latent_depth_transformer checkpoint")
     p.add_argument("--out", required=True, help="where to write the pruned transformer checkpoint")
-    p.add_argument("--threshold", type=float, default=0.5, help="keep layers with q(z = 1) above this")
+    p.add_argument("--threshold", type=number(0, 1), default=0.5, help="keep layers with q(z = 1) above this")
     p.add_argument("--lang-pair", default=None, help="multilingual models: the language pair (e.g. en-de) to prune for")
-    args = p.parse_args(argv)
-    require(args.checkpoint)
-    if not 0 < args.threshold < 1:
-        sys.exit(f"error: --threshold must be in (0, 1), got {args.threshold}")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     kept = prune(args.checkpoint, args.out, args.threshold, args.lang_pair)
     print(f"| kept encoder layers {kept['encoder']} and decoder layers {kept['decoder']} -> {args.out}")
 

@@ -34,7 +34,7 @@ from fairseq_widearch.experiments.counting import count_macs
 from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.experiments.scoring import load_scalable, validation_nll
 from fairseq_widearch.modules.sub_transformers import parse_widths, width_set
-from . import require
+from . import existing, number, whole
 
 
 def validation_bleu(model, task, samples: list, beam: int, lenpen: float) -> float:
@@ -61,22 +61,26 @@ def draw(choices: List[int], widest: List[int], count: int, fits, rng) -> List[L
     return [list(d) for d in drawn]
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data", required=True, help="binarized data directory")
+    p.add_argument("--checkpoint", required=True, type=existing, help="a scalable_transformer checkpoint")
+    p.add_argument("--data", required=True, type=existing, help="binarized data directory")
     p.add_argument("--subset", default="valid")
     p.add_argument("--choices", default="", help="D^i choices (default: the model's width set M)")
-    p.add_argument("--num-samples", type=int, default=1000, help="configurations to score (paper: 1,000)")
-    p.add_argument("--max-macs", type=float, default=0.0, help="budget in GMACs at 20 + 20 tokens (0: none)")
-    p.add_argument("--top-k", type=int, default=10)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-sentences", type=int, default=0, help="score on the first N sentences (0: all)")
+    p.add_argument("--num-samples", type=whole(1), default=1000, help="configurations to score (paper: 1,000)")
+    p.add_argument("--max-macs", type=whole(0, "0: none"), default=0,
+                   help="budget in GMACs at 20 + 20 tokens (0: none)")
+    p.add_argument("--top-k", type=whole(1), default=10, help="configurations to keep")
+    p.add_argument("--seed", type=whole(0), default=1)
+    p.add_argument("--max-sentences", type=whole(0, "0: all"), default=0, help="score on the first N sentences (0: all)")
     p.add_argument("--bleu", action="store_true", help="re-rank the top k by validation BLEU")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--lenpen", type=float, default=0.6)
-    args = p.parse_args(argv)
-    require(args.checkpoint, args.data)
+    p.add_argument("--beam", type=whole(1), default=4)
+    p.add_argument("--lenpen", type=number(), default=0.6, help="length penalty of the --bleu decoding")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
 
     model, task = load_scalable(args.checkpoint, args.data)
     widest, widest_dims = model.widest_config()

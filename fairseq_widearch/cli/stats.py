@@ -22,25 +22,30 @@ import json
 import sys
 
 import fairseq_widearch  # noqa: F401  (registers the plugin's architectures)
+from fairseq_widearch.cli import whole, widths
 from fairseq_widearch.experiments.counting import model_stats
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Any other flag is passed to the architecture (e.g. --encoder-layers 24 --encoder-normalize-before).",
     )
     parser.add_argument("--arch", required=True, help="any registered fairseq architecture or preset")
-    parser.add_argument("--vocab-size", type=int, default=32000,
+    parser.add_argument("--vocab-size", type=whole(5, "the 4 special symbols and a word"), default=32000,
                         help="size of the joined (source = target) dictionary, specials included")
-    parser.add_argument("--src-len", type=int, default=20, help="source tokens for the MAC count")
-    parser.add_argument("--tgt-len", type=int, default=20, help="target tokens for the MAC count")
-    parser.add_argument("--eval-width", type=int, default=0,
+    parser.add_argument("--src-len", type=whole(1), default=20, help="source tokens for the MAC count")
+    parser.add_argument("--tgt-len", type=whole(1), default=20, help="target tokens for the MAC count")
+    parser.add_argument("--eval-width", type=whole(0, "0: the whole model"), default=0,
                         help="scalable_transformer: count the sub-Transformer of width C (type-1 alone)")
-    parser.add_argument("--layer-widths", default=None,
+    parser.add_argument("--layer-widths", default=None, type=widths,
                         help="scalable_transformer, type-2: D^i of every encoder then decoder layer, comma-separated")
-    args, arch_argv = parser.parse_known_args(argv)
-    layer_widths = [int(w) for w in args.layer_widths.split(",")] if args.layer_widths else None
+    return parser
+
+
+def main(argv=None):
+    args, arch_argv = parser().parse_known_args(argv)
+    layer_widths = args.layer_widths
     try:
         stats = model_stats(args.arch, arch_argv, args.vocab_size, args.src_len, args.tgt_len, args.eval_width,
                             layer_widths)
