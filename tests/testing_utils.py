@@ -152,6 +152,8 @@ def fairseq(tool, *args, stdin=None, cwd=None, as_main=False):
     cleared (_fairseq_state_kept)."""
     module = importlib.import_module(f"fairseq_cli.{tool.replace('-', '_')}")
     program = f"python -m {module.__name__}" if as_main else f"fairseq-{tool}"
+    if tool in DECODERS and "--help" not in args and not {"--num-workers", "--num_workers"} & set(map(str, args)):
+        args = (*args, "--num-workers", 0)  # a loader process outlives its iterator here by up to 5 s (torch's poll)
     with _fairseq_state_kept(), warnings.catch_warnings(record=True) as caught, contextlib.chdir(cwd or os.getcwd()), \
             _as_program(program, map(str, args), stdin) as (out, err):
         warnings.simplefilter("always")
@@ -173,6 +175,11 @@ def fairseq(tool, *args, stdin=None, cwd=None, as_main=False):
         finally:
             err.writelines(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}\n" for w in caught)
     return Output(out.getvalue(), err.getvalue())
+
+
+#: The tools that decode with a data loader: in this process, its worker process (fairseq's default
+#: ``--num-workers 1``) ends only when torch's shutdown poll comes round, up to 5 s after the run.
+DECODERS = ("generate", "interactive", "validate")
 
 
 #: fairseq's functions that keep a run's state on themselves (the best validation loss, the

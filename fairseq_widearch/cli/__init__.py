@@ -28,13 +28,15 @@ def whole(low: int = 0, meaning: str = "") -> Callable:
                     str(low - 1))
 
 
-def number(low: float = None, high: float = None, meaning: str = "") -> Callable:
-    """An argparse type: a finite real number, above ``low`` and below ``high`` where given (both excluded)."""
-    bounds = " and ".join([*([f"above {low:g}"] if low is not None else []),
+def number(low: float = None, high: float = None, meaning: str = "", low_included: bool = False) -> Callable:
+    """An argparse type: a finite real number, above ``low`` (or at it, ``low_included``) and below
+    ``high``, where given."""
+    bounds = " and ".join([*([f"{'at least' if low_included else 'above'} {low:g}"] if low is not None else []),
                            *([f"below {high:g}"] if high is not None else [])])
-    return _checked(float, lambda v: math.isfinite(v) and (low is None or v > low) and (high is None or v < high),
+    above = (lambda v: v >= low) if low_included else (lambda v: v > low)
+    return _checked(float, lambda v: math.isfinite(v) and (low is None or above(v)) and (high is None or v < high),
                     "a number" + (f" {bounds}" if bounds else "") + (f" ({meaning})" if meaning else ""),
-                    str(low if low is not None else high if high is not None else "nan"))
+                    str(low - low_included if low is not None else high if high is not None else "nan"))
 
 
 existing = _checked(str, os.path.exists, "an existing file or directory", "/no/such/path")

@@ -68,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--subset", default="valid")
     p.add_argument("--choices", default="", help="D^i choices (default: the model's width set M)")
     p.add_argument("--num-samples", type=whole(1), default=1000, help="configurations to score (paper: 1,000)")
-    p.add_argument("--max-macs", type=whole(0, "0: none"), default=0,
+    p.add_argument("--max-macs", type=number(0, meaning="0: none", low_included=True), default=0.0,
                    help="budget in GMACs at 20 + 20 tokens (0: none)")
     p.add_argument("--top-k", type=whole(1), default=10, help="configurations to keep")
     p.add_argument("--seed", type=whole(0), default=1)
