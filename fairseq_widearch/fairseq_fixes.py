@@ -138,8 +138,9 @@ def module_copies(name: str) -> list:
     copies = [importlib.import_module(name)]
     for program in ("__main__", "__mp_main__"):
         module = sys.modules.get(program)
+        path = getattr(module, "__file__", None)
         same = (getattr(getattr(module, "__spec__", None), "name", None) == name
-                or getattr(module, "__file__", None) == copies[0].__file__)
+                or path is not None and os.path.realpath(path) == os.path.realpath(copies[0].__file__))
         if module is not None and same and module not in copies:
             copies.append(module)
     return copies
@@ -192,15 +193,19 @@ def _differs(target: str) -> Optional[str]:
             f"({WRITTEN_FOR[target]}, ve-fairseq 0.12.3)") if changed else None
 
 
+def _not_applied(fix_: Fix, target: str, reason: str):
+    if fix_.name not in _WARNED:
+        _WARNED.add(fix_.name)
+        warnings.warn(f"fairseq_widearch: fix {fix_.name} not applied: {target}: {reason}; fairseq's own is kept",
+                      FixNotApplied, stacklevel=5)
+
+
 def _pinned(fix_: Fix) -> bool:
     """Whether every target ``fix_`` pins is what it was written for; if not, warn once."""
     for target in fix_.pins:
         reason = _differs(target)
         if reason:
-            if fix_.name not in _WARNED:
-                _WARNED.add(fix_.name)
-                warnings.warn(f"fairseq_widearch: fix {fix_.name} not applied: {target}: {reason}; "
-                              f"fairseq's own is kept", FixNotApplied, stacklevel=4)
+            _not_applied(fix_, target, reason)
             return False
     return True
 
@@ -227,25 +232,31 @@ APPLIED = set()
 def _apply(fix_: Fix):
     if not _pinned(fix_):
         return
+    found = []
+    for target in fix_.replaces:  # (a replaced target that no pin covers may be gone)
+        try:
+            found.append([(owner, attribute, getattr(owner, attribute)) for owner, attribute in owners(target)])
+        except (ImportError, AttributeError):
+            return _not_applied(fix_, target, "it is not there")
     if fix_.name not in APPLIED and fix_.once is not None:
         fix_.once()
-    APPLIED.add(fix_.name)
-    for places in zip(*(owners(target) for target in fix_.replaces)):  # one module copy at a time
-        currents = [getattr(owner, attribute) for owner, attribute in places]
+    for places in zip(*found):  # one module copy at a time
+        currents = [current for _, _, current in places]
         if all(fix_.name in fixes_on(current) for current in currents):
             continue
         built = fix_.build(*currents)
-        for (owner, attribute), current, replacement in zip(places, currents, built if len(places) > 1 else [built]):
+        for (owner, attribute, current), replacement in zip(places, built if len(places) > 1 else [built]):
             if fix_.name not in fixes_on(current):
                 _replace(owner, attribute, current, replacement, fix_.name)
+    APPLIED.add(fix_.name)
 
 
-def left_out(name: str) -> str:
-    """For a refusal that fix ``name`` would have prevented: a clause naming the fix, where it is not
-    applied in this process (``FAIRSEQ_WIDEARCH_FIXES`` leaves it out, or it is pinned to another
-    fairseq), else ''."""
-    return "" if name in APPLIED else (f" (the fix {name}, which gives it, is not applied: see "
-                                       f"{ENVIRONMENT} and the warnings at start-up)")
+def left_out(name: str, where: str) -> str:
+    """For a refusal that fix ``name`` prevents ``where`` (e.g. "under fairseq-hydra-train"): a clause
+    naming the fix, where it is not applied in this process (``FAIRSEQ_WIDEARCH_FIXES`` leaves it
+    out, or it is pinned to another fairseq), else ''."""
+    return "" if name in APPLIED else (f"; {where} it reaches the criterion through the fix {name}, which is "
+                                       f"not applied: see {ENVIRONMENT} and the warnings at start-up")
 
 
 def selected_fixes(setting: str = None) -> list:

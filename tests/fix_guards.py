@@ -68,8 +68,7 @@ class Runs:
         if stage == 2:
             return resumed
         if "patience 3" not in self.kept:
-            saved = torch.load(save / "checkpoint_last.pt", weights_only=False)
-            self.finished, self.finished_model = saved["optimizer_history"][-1]["num_updates"], saved["model"]
+            self.finished = updates(save)
         return self.train("patience 3", *flags, "--max-epoch", 10, "--max-update", self.finished, save=save)
 
     def decode(self, key, *flags, path=None):
@@ -149,13 +148,11 @@ def guard_resume_patience(runs, monkeypatch):
 
 
 def guard_finished_runs_stay_finished(runs, monkeypatch):
-    """The command of a run that reached its --max-update, run again, trains nothing and leaves its
-    checkpoint as it was (stock: one more update)."""
+    """The command of a run that reached its --max-update, run again, trains nothing (stock: one more
+    update, saved)."""
     out = runs.patience(3)
     assert out.returncode == 0 and "nothing to train: the checkpoint has" in out.text, out.text[-3000:]
-    after = torch.load(runs.tmp / "patience" / "checkpoint_last.pt", weights_only=False)
-    assert after["optimizer_history"][-1]["num_updates"] == runs.finished
-    assert all(torch.equal(runs.finished_model[k], after["model"][k]) for k in after["model"])
+    assert updates(runs.tmp / "patience") == runs.finished
 
 
 def guard_amp_loss_scaler_flags(runs, monkeypatch):

@@ -88,6 +88,18 @@ def test_a_changed_or_missing_target_is_left_alone_with_one_warning(fix_name, ta
                for t in FIXES[fix_name].replaces if t != target or change is not None)
 
 
+def test_a_replaced_target_no_pin_covers_that_is_gone_is_one_warning(monkeypatch):
+    """pytorch_ddp_on_cpu pins the function that builds DistributedDataParallel, not the class it replaces."""
+    from fairseq.models import distributed_fairseq_model
+    monkeypatch.delattr(distributed_fairseq_model, "DistributedDataParallel")
+    monkeypatch.setattr(fairseq_fixes, "_WARNED", set())
+    monkeypatch.setattr(fairseq_fixes, "APPLIED", fairseq_fixes.APPLIED - {"pytorch_ddp_on_cpu"})
+    with pytest.warns(fairseq_fixes.FixNotApplied, match="fix pytorch_ddp_on_cpu not applied: "
+                      "fairseq.models.distributed_fairseq_model:DistributedDataParallel: it is not there"):
+        fairseq_fixes.apply_fixes()
+    assert "pytorch_ddp_on_cpu" not in fairseq_fixes.APPLIED and "keep_last_batch" in fairseq_fixes.APPLIED
+
+
 @pytest.mark.e2e
 def test_the_off_switch_takes_none_all_or_fixes_to_leave_out_and_refuses_an_unknown_name_in_one_line():
     code = ("import fairseq_widearch; from fairseq.data import data_utils; from fairseq_widearch import fairseq_fixes as f; "
@@ -142,7 +154,8 @@ def test_with_every_fix_off_each_architecture_trains_and_decodes_through_stock_f
     refused = decoded.pop("hydra", "")
     assert decoded == {arch: str(SENTENCES) for arch in TINY_CASES}, proc.stderr[-3000:]
     assert "--latent-objective released needs" in refused, proc.stderr[-3000:]
-    assert "the fix presets_reach_the_criterion, which gives it, is not applied" in refused
+    assert "under fairseq-hydra-train it reaches the criterion through the fix presets_reach_the_criterion, " \
+           "which is not applied" in refused
 
 
 # ---- the fixes' own units ----

@@ -193,7 +193,7 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
         if latent_target_layers is None and latent_objective == "released":
             raise ValueError(f"--latent-objective released needs --latent-target-layers K (0: none; every "
                              f"latent_depth_transformer preset sets half its latent layers"
-                             f"{left_out('presets_reach_the_criterion')})")
+                             f"{left_out('presets_reach_the_criterion', 'under fairseq-hydra-train')})")
         latent_target_layers = unset["latent_target_layers"] if latent_target_layers is None else latent_target_layers
         if latent_kl_anneal_updates is None:
             latent_kl_anneal_updates = unset["latent_kl_anneal_updates"]
@@ -213,7 +213,7 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
         if latent_objective == "released" and latent_kl_anneal_updates <= 0:
             raise ValueError(f"--latent-objective released needs --latent-kl-anneal-updates > 0 (the released code's "
                              f"--anneal-updates; every latent_depth_transformer preset sets it for its budget"
-                             f"{left_out('presets_reach_the_criterion')}), got {latent_kl_anneal_updates}")
+                             f"{left_out('presets_reach_the_criterion', 'under fairseq-hydra-train')}), got {latent_kl_anneal_updates}")
         self.prior, self.prior_mean = latent_prior, a / (a + b) if latent_prior == "beta" else 0.5
         self.kl_weight, self.kl_anneal_updates = latent_kl_weight, latent_kl_anneal_updates
         self.target_layers, self.depth_weight = latent_target_layers, latent_depth_weight
