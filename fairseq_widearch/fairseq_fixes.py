@@ -327,7 +327,7 @@ def allow_fairseq_checkpoint_globals():
     (fairseq-hydra-train's checkpoints hold plain containers: it has no row.)"""
 
 
-@fix("fairseq.checkpoint_utils:load_checkpoint_to_cpu", launchers=(*IN_PROCESS_TRAINING, "torchrun", *DECODING))
+@fix("fairseq.checkpoint_utils:load_checkpoint_to_cpu", launchers=(*IN_PROCESS_TRAINING, *DECODING))
 def name_unreadable_checkpoints(load):
     """A checkpoint cut short or corrupted stops resuming and decoding with torch's zip or pickle
     error, which names neither the file nor the cause.
@@ -401,7 +401,7 @@ def alignments_for_criterion(model, criterion):
         decoder.alignments_in_training = True
 
 
-@fix("fairseq.trainer:Trainer.__init__", launchers=(*IN_PROCESS_TRAINING, "torchrun"))
+@fix("fairseq.trainer:Trainer.__init__", launchers=IN_PROCESS_TRAINING)
 def require_auxiliary_criterion(original):
     """A model whose objective has auxiliary losses (WideNet's balance loss, latent depth's KL and
     target depth) trains without an error under a criterion that drops them.
@@ -500,7 +500,7 @@ def amp_loss_scaler_flags(init):
 
 
 @fix("fairseq.distributed.utils:call_main", upstream="facebookresearch/fairseq#4696",
-     launchers=("fairseq-train", "python -m fairseq_cli.train", "torchrun"),
+     launchers=("fairseq-train", "python -m fairseq_cli.train"),
      relies_on=("fairseq.options:parse_args_and_arch",))
 def bf16_without_tpu(original):
     """``fairseq-train --bf16`` turns on ``--tpu`` and, without torch_xla, dies at start ("'NoneType'

@@ -24,8 +24,8 @@ def pytest_configure(config):
 #: The files whose tests take longest on 2 cores, longest first: under ``--dist loadfile
 #: --no-loadscope-reorder`` (tests/run.sh) each worker takes the next file when it is nearly done, so
 #: the long files start first and the short ones fill the end. The order changes nothing else.
-LONGEST = ("test_flows.py", "test_claims_study.py", "test_deploy.py", "test_fairseq_fixes_launched.py",
-           "test_latent_depth_head_to_head.py", "test_lost_worker.py", "test_latent_depth_regime.py",
+LONGEST = ("test_latent_depth_head_to_head.py", "test_fairseq_fixes_launched.py", "test_flows.py",
+           "test_claims_study.py", "test_deploy.py", "test_lost_worker.py", "test_latent_depth_regime.py",
            "test_gpu_check.py", "test_fairseq_fixes.py")
 
 
