@@ -50,8 +50,8 @@ ENVIRONMENT = "FAIRSEQ_WIDEARCH_FIXES"
 #: The ways fairseq is started that the fixes are tested under: training, then decoding.
 TRAINING = ("fairseq-train", "python -m fairseq_cli.train", "torchrun", "spawn", "fairseq-hydra-train")
 DECODING = ("fairseq-generate", "python -m fairseq_cli.generate", "fairseq-interactive")
-#: The training launchers whose runs a test can watch from inside (a spy on a class, a copy cut
-#: short): the fixes tested only there act in each process the same way, under torchrun and spawn too.
+#: The training launchers that run in the test's process (a spy on a class, a copy cut short). A fix
+#: tested only there replaces what torchrun's and spawn's workers reach as ``python -m`` does.
 IN_PROCESS_TRAINING = ("fairseq-train", "python -m fairseq_cli.train", "fairseq-hydra-train")
 #: The attribute naming the fix a replacement belongs to (each replacement keeps what it replaced
 #: in ``__wrapped__``, so a chain of fixes on one target is followed to fairseq's own function).
