@@ -90,10 +90,10 @@ def steps(args) -> list:
     """(name, seconds allowed, [(label, seconds, argv, env)])."""
     dry, data = args.dry_run, Path(args.data).resolve()  # the steps run in benchmarks/
     # one thread per test process: 16 workers, each training in a subprocess, share 16 cores
-    env = {"MULTI30K_DATA": str(data), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "WIDEARCH_CUDA_REPORT": str(Path(args.out) / "tier_figures.jsonl")}  # each test's measured figures
     tier = [PY, "-m", "pytest", REPO / "tests" / "cuda", "-m", "cuda", "-v", "-rA", "--tb=short", "--durations=0",
-            "-p", "no:cacheprovider", "--junitxml", Path(args.out) / "tier.xml",
+            "-p", "no:cacheprovider", "--junitxml", Path(args.out) / "tier.xml", "--multi30k-data", data,
             *([] if dry else ["-n", "16", "--dist", "loadgroup", *keep_order()])]
     two = [BENCH / "two_ranks.py", "--data", data / "bin", "--device", "cpu" if dry else "cuda",
            "--precision", "bf16" if dry else "fp16", "--updates", "2" if dry else "24",

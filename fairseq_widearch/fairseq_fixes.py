@@ -46,6 +46,8 @@ import torch
 from omegaconf import DictConfig, open_dict
 from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
 
+from .validation import refuse
+
 ENVIRONMENT = "FAIRSEQ_WIDEARCH_FIXES"
 #: The ways fairseq is started that the fixes are tested under: training, then decoding.
 TRAINING = ("fairseq-train", "python -m fairseq_cli.train", "torchrun", "spawn", "fairseq-hydra-train")
@@ -414,7 +416,7 @@ def require_auxiliary_criterion(original):
     def __init__(self, cfg, task, model, criterion, *args, **kwargs):
         error = auxiliary_criterion_error(model, criterion)
         if error:
-            raise ValueError(error)
+            refuse(error)
         alignments_for_criterion(model, criterion)
         original(self, cfg, task, model, criterion, *args, **kwargs)
 

@@ -5,7 +5,13 @@ from collections import Counter
 
 import pytest
 
-from testing_utils import LANGS, NoMulti30k, cli, fairseq, find_multi30k, train
+from testing_utils import LANGS, REPO, NoMulti30k, cli, fairseq, find_multi30k, train
+
+
+def pytest_addoption(parser):
+    parser.addoption("--multi30k-data", default=str(REPO / "runs" / "multi30k" / "data"),
+                     help="the CUDA tier's Multi30k as examples/multi30k/setup.sh prepares it (bin/, bpe/codes, "
+                          "test.ref.de); default: the quick start's, %(default)s")
 
 
 def pytest_configure(config):

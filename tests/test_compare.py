@@ -27,14 +27,14 @@ def test_updates_and_wall_time_are_read_from_every_stage():
 def test_the_table_gives_mean_and_spread_over_seeds_and_the_side_by_side_speed():
     row = {"width": 0, "params": 3e6, "macs": 6e7, "max_update": 1320, "updates": 1320, "cut_short": False,
            "decode_sentences_per_s": 150.0, "bleu_signature": "nrefs:1"}
-    rows = [{**row, "system": "transformer", "seed": 2, "bleu": 36.0, "train_wall_s": 900.0},
+    rows = [{**row, "system": "transformer", "seed": 2, "bleu": 36.0, "train_wall_s": 900.0, "decode_sentences_per_s": 140.0},
             {**row, "system": "transformer", "seed": 1, "bleu": 35.0, "train_wall_s": 1200.0},
             {**row, "system": "widenet", "seed": 1, "bleu": 34.0, "train_wall_s": 800.0, "cut_short": True}]
     speeds = {"transformer": {"train_tokens_per_s": 5000.0, "train_flops_per_token": 1e7, "utilisation": 0.4}}
     summary = compare.summarise(rows, speeds)
     assert summary[0]["bleu"] == 35.5 and summary[0]["bleu_seeds"] == [35.0, 36.0] and summary[0]["seeds"] == [1, 2]
     lines = compare.table(summary).splitlines()
-    assert lines[2] == ("| transformer | 3.00M | 60.0M | 1320 | 35.50 ± 0.71 (35.00, 36.00) | 5,000 | 40.0% | 150.0 | "
+    assert lines[2] == ("| transformer | 3.00M | 60.0M | 1320 | 35.50 ± 0.71 (35.00, 36.00) | 5,000 | 40.0% | 150.0, 140.0 | "
                         "1200 s, 900 s |")
     assert lines[3].startswith("| widenet | 3.00M | 60.0M | 1320 (cut short by --minutes) | 34.00 (one seed) | "
                                "not measured | not measured |")

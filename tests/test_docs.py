@@ -84,3 +84,45 @@ def test_the_presets_rows_are_those_the_figures_script_names():
     preset it names, with the stats tool's arguments and the paper's count it gives."""
     assert [(r["name"], r["argv"], r["paper_params"]) for r in figures.rows("presets")] == [
         (name, argv, paper) for name, (argv, paper, _) in figures.PRESETS.items()]
+
+
+#: Words that narrate a change (what an option was, what replaced it): a reference page says what
+#: is; the history is git's and CHANGELOG.md's, dated runs are docs/records'.
+NARRATIVE = (r"former(ly)?", r"removed", r"no longer", r"used to", r"previously", r"predates?",
+             r"of (its|their) time", r"(was|were) (changed|renamed|replaced|removed)", r"until now",
+             r"now (is|are|uses?|has|have)", r"earlier (versions?|runs?)", r"(re)?introduced", r"deprecated",
+             r"superseded", r"since replaced", r"changed", r"old default", r"new default")
+#: A date: ISO (2026-11-28, 2026-11) or a month and year.
+DATE = r"\b20\d\d-\d\d(-\d\d)?\b|\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* 20\d\d\b"
+#: Lines where a narrative word says what is: (page, words of the line).
+ALLOWED = {
+    ("docs/fairseq_fixes.md", "removed"),  # what fairseq's code does (a key it removes), not our history
+}
+
+
+def reference_lines():
+    """(page, line number, line) of README.md and docs/*.md, with the generated figures (their rows
+    carry dates) and link targets (a record's anchor names its date) taken out."""
+    for page in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = re.sub(r"<!-- figure .*?<!-- end -->", "", page.read_text(), flags=re.S)
+        for number, line in enumerate(text.splitlines(), 1):
+            yield page.relative_to(REPO).as_posix(), number, re.sub(r"\]\([^)]*\)", "]", line)
+
+
+def test_the_reference_pages_speak_in_the_present_tense():
+    """No date outside the generated figures, no narrative of what changed (``NARRATIVE``, ``ALLOWED``)."""
+    dated = [f"{page}:{n}: {line}" for page, n, line in reference_lines() if re.search(DATE, line)]
+    narrative = [f"{page}:{n}: {line}" for page, n, line in reference_lines()
+                 for word in re.finditer(rf"\b(?:{'|'.join(NARRATIVE)})\b", line, re.I)
+                 if (page, word.group(0).lower()) not in ALLOWED]
+    assert dated == [] and narrative == []
+
+
+def test_the_scalable_pages_stage_2_command_is_the_comparisons():
+    from fairseq_widearch.experiments.compare import SCALABLE_STAGE2
+    assert " ".join(SCALABLE_STAGE2) in (DOCS / "scalable_transformer.md").read_text()
+
+
+def test_the_index_lists_every_records_page():
+    index = (DOCS / "index.md").read_text()
+    assert [p.name for p in sorted((DOCS / "records").glob("*.md")) if f"records/{p.name}" not in index] == []

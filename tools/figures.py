@@ -16,6 +16,7 @@ stated on one page and the others link to it.
 import argparse
 import contextlib
 import io
+import importlib
 import json
 import re
 import shlex
@@ -111,6 +112,13 @@ def seed_span(name: str, *conditions: str) -> str:
     """How far apart the selected rows' BLEU scores lie (highest minus lowest), e.g. one system's seeds."""
     scores = [r["bleu"] for r in selected(name, conditions)]
     return f"{max(scores) - min(scores):.2f}"
+
+
+def span(name: str, field: str, digits: str, *conditions: str) -> str:
+    """``lowest-highest`` of ``field`` over the selected rows, to ``digits`` decimals (the quick
+    start's BLEU and minutes over its runs)."""
+    found = [r[field] for r in selected(name, conditions)]
+    return f"{min(found):.{digits}f}-{max(found):.{digits}f}"
 
 
 def mean(name: str, field: str, *conditions: str) -> str:
@@ -256,7 +264,15 @@ def fixes() -> str:
                                    "([Every launcher](#every-launcher))."])
 
 
-WRITERS = {"fixes": fixes, "cost": cost, "bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "speed": speed, "seed_span": seed_span,
+def flag(source: str, name: str) -> str:
+    """The value of flag ``name`` in the flag list ``source`` (``module:ATTRIBUTE``), e.g. the
+    comparison's stage-2 ``--warmup-init-lr``."""
+    module, attribute = source.split(":")
+    flags = [str(f) for f in getattr(importlib.import_module(module), attribute)]
+    return flags[flags.index(name) + 1]
+
+
+WRITERS = {"fixes": fixes, "flag": flag, "cost": cost, "bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "speed": speed, "seed_span": seed_span, "span": span,
            "mean": mean, "compare": compare, "claim": claim, "head_to_head": head_to_head, "gpu_report": gpu_report, "stats": stats, "sizes": sizes,
            "gpu_estimate": gpu_estimate}
 

@@ -50,7 +50,7 @@ mapfile -t OPTIMISATION < <("$PY" -m fairseq_widearch.experiments.settings quick
 echo "| training $ARCH for $UPDATES updates (at most $MINUTES minutes)"
 "$VENV/bin/fairseq-train" "$WORK/data/bin" --user-dir "$ROOT/fairseq_widearch" \
   --arch "$ARCH" --cpu --num-workers 0 --seed 1 "${OPTIMISATION[@]}" --criterion "$CRITERION" \
-  --max-update "$UPDATES" --stop-time-hours "$STOP_HOURS" --max-epoch 100 \
+  --max-update "$UPDATES" --stop-time-hours "$STOP_HOURS" --max-epoch 1000 \
   --save-dir "$SAVE" --no-epoch-checkpoints --best-checkpoint-metric loss \
   --log-format simple --log-interval 50 "${EXTRA[@]}" | tee "$WORK/train-$ARCH.log"
 if grep -q "Stopping training due to cumulative_training_time" "$WORK/train-$ARCH.log"; then

@@ -52,7 +52,7 @@ train_stage() {  # stage cumulative-minutes data save-dir [extra flags]
     --task scalable_translation --criterion scalable_self_distillation --distill-stage "$stage" \
     --label-smoothing 0.1 --cpu --num-workers 0 --seed 1 \
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.002 --lr-scheduler inverse_sqrt \
-    --warmup-updates 200 --warmup-init-lr 0.0005 --max-tokens 4096 --max-epoch 100 \
+    --warmup-updates 200 --warmup-init-lr 0.0005 --max-tokens 4096 --max-epoch 1000 \
     --stop-time-hours "$("$PY" -c "print($minutes / 60)")" --save-dir "$save" --no-epoch-checkpoints \
     --log-format simple --log-interval 50 "$@"
 }

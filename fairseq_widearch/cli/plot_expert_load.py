@@ -6,8 +6,9 @@
 Runs the model teacher-forced over ``--subset`` and reads, from its auxiliary outputs
 (``moe_load``, ``moe_dropped``: one entry per routing call, i.e. per block, or per routing group
 with ``--widenet-routing-groups``), the share of the token-to-expert assignments each expert
-processed and the fraction of assignments dropped because an expert overflowed its capacity
-B = ceil(C · k · N / E). By default the routers work as in training (router noise, capacity
+processed and the fraction of assignments dropped because an expert overflowed its capacity B
+(``modules.moe.TopKRouter.capacity``: floor(C · k · N / E) − 1 under the default, released
+routing; ceil(C · k · N / E) under ``--moe-routing ours``). By default the routers work as in training (router noise, capacity
 factor C = ``--moe-capacity-factor``; dropout stays off); ``--inference-routing`` uses the inference
 capacity (``--moe-eval-capacity-factor``, 0 = no limit, so nothing is dropped). Draws a heatmap
 of the load (routing call × expert, a uniform router gives 1/E everywhere) and the dropped rate

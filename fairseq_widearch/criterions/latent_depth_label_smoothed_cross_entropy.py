@@ -51,6 +51,7 @@ from torch import Tensor
 
 from .auxiliary_loss import AuxiliaryLossCriterion
 from ..fairseq_fixes import left_out
+from ..validation import refuse
 
 PRIORS = ("uniform", "beta", "aggregated")
 UTILIZATION = ("samples", "probs")
@@ -187,11 +188,11 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
                  latent_utilization="samples"):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if latent_objective not in OBJECTIVES:
-            raise ValueError(f"--latent-objective must be one of {OBJECTIVES}, got {latent_objective!r}")
+            refuse(f"--latent-objective must be one of {OBJECTIVES}, got {latent_objective!r}")
         unset = {**dict(latent_kl_anneal_updates=0, latent_target_layers=0), **OBJECTIVE_DEFAULTS[latent_objective]}
         latent_kl_weight = unset["latent_kl_weight"] if latent_kl_weight is None else latent_kl_weight
         if latent_target_layers is None and latent_objective == "released":
-            raise ValueError(f"--latent-objective released needs --latent-target-layers K (0: none; every "
+            refuse(f"--latent-objective released needs --latent-target-layers K (0: none; every "
                              f"latent_depth_transformer preset sets half its latent layers"
                              f"{left_out('presets_reach_the_criterion', 'under fairseq-hydra-train')})")
         latent_target_layers = unset["latent_target_layers"] if latent_target_layers is None else latent_target_layers
@@ -201,17 +202,17 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
             a, b = (float(v) for v in latent_prior_beta.split(","))
             assert a > 0 and b > 0
         except (ValueError, AssertionError):
-            raise ValueError(f"--latent-prior-beta must be 'a,b' with a, b > 0, got {latent_prior_beta!r}")
+            refuse(f"--latent-prior-beta must be 'a,b' with a, b > 0, got {latent_prior_beta!r}")
         if latent_target_layers < 0:
-            raise ValueError(f"--latent-target-layers must be >= 0, got {latent_target_layers}")
+            refuse(f"--latent-target-layers must be >= 0, got {latent_target_layers}")
         if latent_objective == "released" and latent_prior == "beta":
-            raise ValueError("--latent-objective released has the released code's priors only: --latent-prior "
+            refuse("--latent-objective released has the released code's priors only: --latent-prior "
                              "uniform or aggregated")
         if latent_objective == "released" and latent_utilization != "samples":
-            raise ValueError("--latent-objective released estimates u_l from the samples, as the released code "
+            refuse("--latent-objective released estimates u_l from the samples, as the released code "
                              "does: --latent-utilization probs is Eq. 8's option (--latent-objective ours)")
         if latent_objective == "released" and latent_kl_anneal_updates <= 0:
-            raise ValueError(f"--latent-objective released needs --latent-kl-anneal-updates > 0 (the released code's "
+            refuse(f"--latent-objective released needs --latent-kl-anneal-updates > 0 (the released code's "
                              f"--anneal-updates; every latent_depth_transformer preset sets it for its budget"
                              f"{left_out('presets_reach_the_criterion', 'under fairseq-hydra-train')}), got {latent_kl_anneal_updates}")
         self.prior, self.prior_mean = latent_prior, a / (a + b) if latent_prior == "beta" else 0.5
@@ -231,7 +232,7 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
         if self.prior != "aggregated":
             return self.prior_mean
         if len(probs) < 2:
-            raise ValueError("--latent-prior aggregated needs a multilingual model (one posterior per language "
+            refuse("--latent-prior aggregated needs a multilingual model (one posterior per language "
                              "pair); with one posterior the KL to it is 0: use uniform or beta")
         return probs.mean(0, keepdim=True).detach()
 
@@ -239,11 +240,11 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
         """The latent stacks in ``extra``. Raises ``ValueError`` if there are none, or K exceeds one's depth."""
         stacks = [s for s in STACKS if f"latent_probs_{s}" in extra]
         if not stacks:
-            raise ValueError("latent_depth_label_smoothed_cross_entropy needs a model with latent layers "
+            refuse("latent_depth_label_smoothed_cross_entropy needs a model with latent layers "
                              "(extra has no latent_probs_encoder/latent_probs_decoder)")
         for stack in stacks:
             if self.target_layers > extra[f"latent_probs_{stack}"][0].size(1):
-                raise ValueError(f"--latent-target-layers {self.target_layers} exceeds the "
+                refuse(f"--latent-target-layers {self.target_layers} exceeds the "
                                  f"{extra[f'latent_probs_{stack}'][0].size(1)} latent layers of the {stack}")
         return stacks
 

@@ -27,6 +27,8 @@ from fairseq.logging import metrics
 from omegaconf import II
 from torch import Tensor
 
+from ..validation import refuse
+
 #: Logged sums, each divided by the sample size (bits per token) when reduced.
 TERMS = ("widest_loss", "sub_loss", "sub_nll_loss", "distill_loss")
 
@@ -70,13 +72,13 @@ class ScalableSelfDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
                  distill_stage=1, lambda2_anneal_updates=0, lambda3=0.9, max_update=0):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if distill_stage not in (1, 2, 3):
-            raise ValueError(f"--distill-stage must be 1, 2 or 3, got {distill_stage}")
+            refuse(f"--distill-stage must be 1, 2 or 3, got {distill_stage}")
         if not 0 <= lambda3 <= 1:
-            raise ValueError(f"--lambda3 must be in [0, 1], got {lambda3}")
+            refuse(f"--lambda3 must be in [0, 1], got {lambda3}")
         self.stage, self.lambda3 = distill_stage, lambda3
         self.anneal_updates = lambda2_anneal_updates or (max_update or 0) // 3
         if distill_stage == 2 and self.anneal_updates <= 0:
-            raise ValueError("--distill-stage 2 needs t_j: set --lambda2-anneal-updates or --max-update")
+            refuse("--distill-stage 2 needs t_j: set --lambda2-anneal-updates or --max-update")
 
     def mixing_weight(self, update_num: int) -> float:
         """λ of update ``update_num`` (counted from the start of the stage): 1 in stage 1,

@@ -253,7 +253,7 @@ def bleu_summary(scores) -> str:
 
 def summarise(rows, speeds: Dict[str, dict]) -> list:
     """One entry per system (per width), in ``SYSTEMS``' order: its rows over the seeds, BLEU
-    statistics, the throughput."""
+    statistics, each run's decoding speed and wall time, the throughput."""
     systems = sorted(dict.fromkeys(r["system"] for r in rows), key=lambda s: list(SYSTEMS).index(s.split(" ")[0]))
     out = []
     for system in systems:
@@ -261,21 +261,23 @@ def summarise(rows, speeds: Dict[str, dict]) -> list:
         bleu = [r["bleu"] for r in runs]
         out.append({**runs[0], "bleu": statistics.mean(bleu), "bleu_sd": statistics.stdev(bleu) if len(bleu) > 1 else 0.0,
                     "bleu_seeds": bleu, "seeds": [r["seed"] for r in runs],
-                    "train_wall_s": [r["train_wall_s"] for r in runs], "cut_short": any(r["cut_short"] for r in runs),
+                    "train_wall_s": [r["train_wall_s"] for r in runs],
+                    "decode_sentences_per_s": [r["decode_sentences_per_s"] for r in runs], "cut_short": any(r["cut_short"] for r in runs),
                     **speeds.get(system.split(" ")[0], {})})
     return out
 
 
 def table(summary) -> str:
     head = ("| system | params | MACs (20+20) | updates | BLEU: mean ± sd (per seed) | train tokens/s, side by side | "
-            "utilisation | decode sent/s | training wall time per run |\n|---|---|---|---|---|---|---|---|---|")
+            "utilisation | decode sent/s per run | training wall time per run |\n|---|---|---|---|---|---|---|---|---|")
     lines = []
     for r in summary:
         speed = (f"{r['train_tokens_per_s']:,.0f} | {100 * r['utilisation']:.1f}%" if "utilisation" in r
                  else "not measured | not measured")
         cut = " (cut short by --minutes)" if r["cut_short"] else ""
         lines.append(f"| {r['system']} | {r['params'] / 1e6:.2f}M | {r['macs'] / 1e6:.1f}M | {r['updates']}{cut} | "
-                     f"{bleu_summary(r['bleu_seeds'])} | {speed} | {r['decode_sentences_per_s']:.1f} | "
+                     f"{bleu_summary(r['bleu_seeds'])} | {speed} | "
+                     + ", ".join(f"{d:.1f}" for d in r["decode_sentences_per_s"]) + " | "
                      + ", ".join(f"{w:.0f} s" for w in r["train_wall_s"]) + " |")
     return "\n".join([head, *lines])
 

@@ -48,7 +48,7 @@ from .base import (
     wrap_layer,
 )
 from .presets import MULTI30K_BODY, register_preset, set_defaults, set_unset
-from .validation import reject_unapplied, require, validate_transformer_sizes
+from ..validation import reject_unapplied, require, validate_transformer_sizes
 
 
 @dataclass

@@ -34,7 +34,7 @@ from ..modules.multi_path import (
 )
 from .base import AlignmentsWhenRead, WideTransformerModel, added_defaults, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
-from .validation import reject_unapplied, require, require_positive, validate_transformer_sizes
+from ..validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 
 
 @dataclass

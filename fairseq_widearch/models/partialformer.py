@@ -41,7 +41,7 @@ from .base import (
     wrap_layer,
 )
 from .presets import MULTI30K_BODY, register_preset, set_defaults
-from .validation import reject_unapplied, require, require_positive
+from ..validation import reject_unapplied, require, require_positive
 
 STACKS = ("both", "encoder", "decoder")
 #: Initialisations (docs/partialformer.md, "Initialisation").

@@ -31,7 +31,7 @@ from ..modules.slimmable import HEAD_DIM, CroppedPositions, SlimmableAttention, 
 from ..modules.sub_transformers import built_widths, crop_linear, crop_norm, width_dropout, width_set
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights
 from .presets import set_defaults
-from .validation import reject_unapplied, require
+from ..validation import refuse, reject_unapplied, require
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ def _parsed(flag: str, text: str, parse):
     try:
         return parse()
     except ValueError:
-        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}")
+        refuse(f"{flag} must be comma-separated integers, got {text!r}")
 
 
 def validate_scalable_config(args):
@@ -301,7 +301,7 @@ def validate_scalable_config(args):
         try:
             width_dropout(args, width)
         except ValueError:
-            raise ValueError(f"--width-dropout must look like '256:0,448:0.1', got {args.width_dropout!r}")
+            refuse(f"--width-dropout must look like '256:0,448:0.1', got {args.width_dropout!r}")
     reject_unapplied(args, "scalable_transformer", "quant_noise_pq", "cross_self_attention")
     require(args.encoder_normalize_before == args.decoder_normalize_before,
             "--encoder-normalize-before and --decoder-normalize-before must agree")

@@ -36,7 +36,7 @@ from ..modules.moe import EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, ExpertForm,
 from ..modules.sharing import share_parameters
 from .base import LayerLoopDecoder, LayerLoopEncoder, LayerSlot, WideTransformerModel, added_defaults, alignment_weights
 from .presets import MULTI30K_BODY, register_preset, set_defaults, set_unset
-from .validation import reject_unapplied, require, require_positive, validate_transformer_sizes
+from ..validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 
 #: Keys of the auxiliary MoE outputs, each a list with one entry per routing call.
 MOE_KEYS = ("moe_balance_loss", "moe_dropped", "moe_load")

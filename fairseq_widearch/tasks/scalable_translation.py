@@ -26,6 +26,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
+from ..validation import refuse
 from ..modules.sub_transformers import parse_widths, width_set
 
 #: A sub-Transformer: C and, for type-2, D^i of every encoder then decoder layer (None: D^i = C).
@@ -88,9 +89,9 @@ class ScalableTranslationTask(TranslationTask):
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         if not hasattr(model, "set_sample_config"):
-            raise ValueError(f"--task scalable_translation needs a scalable_transformer arch, not {cfg.arch!r}")
+            refuse(f"--task scalable_translation needs a scalable_transformer arch, not {cfg.arch!r}")
         if self.cfg.num_sub_transformers < 0:
-            raise ValueError(f"--num-sub-transformers must be >= 0, got {self.cfg.num_sub_transformers}")
+            refuse(f"--num-sub-transformers must be >= 0, got {self.cfg.num_sub_transformers}")
         self.eval_sub_transformer(model)
         return model
 
@@ -105,7 +106,7 @@ class ScalableTranslationTask(TranslationTask):
             else:
                 model.set_sample_config(model.widest_config()[0], widths)
         except ValueError as error:
-            raise ValueError(f"--eval-width {self.cfg.eval_width!r}: {error}") from None
+            refuse(f"--eval-width {self.cfg.eval_width!r}: {error}")
 
     def sub_transformers(self, model, update_num: int) -> List[SubTransformer]:
         """The widest sub-Transformer, then 𝕋^(j)."""
@@ -117,7 +118,7 @@ class ScalableTranslationTask(TranslationTask):
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if not hasattr(criterion, "sub_transformer_loss"):
-            raise ValueError("--task scalable_translation trains with --criterion scalable_self_distillation (its "
+            refuse("--task scalable_translation trains with --criterion scalable_self_distillation (its "
                              f"--distill-stage 1 is label-smoothed CE for every sub-Transformer), not "
                              f"{type(criterion).__name__}")
         model.train()

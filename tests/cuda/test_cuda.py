@@ -10,9 +10,10 @@ loadgroup --no-loadscope-reorder`` takes minutes; ``-v`` names each test as it e
 still says which failed; tests/conftest.py orders the tests for 16 workers). Each test does the
 work its assertion needs and no more: only the fp16 and bf16 checkpoints are decoded, so only they
 train 600 updates (``testing_utils.TIER_UPDATES``), and decoding compares half of test_2016. The data:
-``MULTI30K_DATA`` (default ``runs/multi30k/data``, what ``examples/multi30k/setup.sh``
-prepares: ``bin/``, ``bpe/codes``, ``test.ref.de``). ``WIDEARCH_CUDA_REPORT=FILE`` appends one JSON
-line per measured case to FILE (the figures of docs/records/gpu_runs.md).
+``--multi30k-data DIR`` (tests/conftest.py; default ``runs/multi30k/data``, what
+``examples/multi30k/setup.sh`` prepares: ``bin/``, ``bpe/codes``, ``test.ref.de``).
+``WIDEARCH_CUDA_REPORT=FILE`` appends one JSON line per measured case to FILE (the figures of
+docs/records/gpu_runs.md).
 """
 import json
 import os
@@ -83,11 +84,11 @@ def report(**row):
 
 
 @pytest.fixture(scope="session")
-def quickstart_data():
-    work = Path(os.environ.get("MULTI30K_DATA", REPO / "runs" / "multi30k" / "data"))
+def quickstart_data(request):
+    work = Path(request.config.getoption("--multi30k-data"))
     if not (work / "bin" / "dict.en.txt").exists():
         pytest.fail(f"the quick start's Multi30k data expected in {work}: run examples/multi30k/setup.sh "
-                    "or set MULTI30K_DATA")
+                    "or give --multi30k-data DIR")
     return work
 
 
