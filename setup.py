@@ -28,7 +28,7 @@ setup(
         "plots": PLOTS,
         "deploy": DEPLOY,
         "docs": DOCS,
-        "test": ["pytest", "pytest-timeout", "pytest-xdist"] + EXAMPLES + DEPLOY + DOCS,
+        "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "ruff"] + EXAMPLES + DEPLOY + DOCS,
     },
     license="MIT",
 )

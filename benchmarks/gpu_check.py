@@ -11,13 +11,12 @@ each step under its own time limit so that a stuck step cannot eat the others,
      its dense share, every architecture's utilisation against its stock twin, PartialFormer's attention
      kernels side by side (fused_attention.py) and its decoding.
 
-It runs in two parts: ``--part correctness`` (a, b: about 400 s on an H100) and ``--part speed``
-(c, d: at most 300 s); ``--part all`` runs both. Writes OUT/report.json (everything, after every step), OUT/report.md (tables docs/gpu.md
-takes as they are) and OUT/<step>.log. ``--dry-run`` runs every step with CPU stand-ins (bf16 for
-fp16, the gloo ranks on the CPU for one preset, a few updates, tiny sizes; the tier's tests skip
-themselves without CUDA, and are listed by name) and writes the same report: tests/test_gpu_check.py
-runs it, so the command cannot rot while no GPU runs it.
-
+It runs in two parts: ``--part correctness`` (a, b: about 400 s on an H100) and ``--part speed`` (c,
+d: at most 300 s); ``--part all`` runs both. Writes OUT/report.json (everything, after every step),
+OUT/report.md (tables docs/gpu.md takes as they are) and OUT/<step>.log. ``--dry-run`` runs every
+step with CPU stand-ins (bf16 for fp16, the gloo ranks on the CPU for one preset, a few updates,
+tiny sizes; the tier's tests skip themselves without CUDA, and are listed by name) and writes the
+same report: tests/test_gpu_check.py runs it, so the command cannot rot while no GPU runs it.
     python benchmarks/gpu_check.py OUT [--part correctness|speed|all] [--data .gpu/multi30k] [--dry-run]
 """
 import argparse
@@ -47,7 +46,8 @@ SPEED_SECONDS = 260
 def speed_commands(dry: bool) -> list:
     """(name, seconds allowed, argv) of every speed figure, most wanted first: the MoE layer against
     its dense share (8,192 and 16,384 tokens, fp16 and bf16), every architecture's utilisation in bf16
-    against its stock twin (the paper-size presets of ``training_utilisation.SYSTEMS``), PartialFormer's three attention kernels in one model, its decoding per MAC."""
+    against its stock twin (the paper-size presets of ``training_utilisation.SYSTEMS``), PartialFormer's
+    three attention kernels in one model, its decoding per MAC."""
     if dry:
         dev = ["--device", "cpu", "--dtype", "bf16"]
         return [("moe bf16 256 tokens", 120, [BENCH / "moe_throughput.py", *dev, "--tokens", "256", "--dim", "32",
@@ -81,8 +81,9 @@ def speed_commands(dry: bool) -> list:
 def keep_order() -> list:
     """pytest-xdist's flag that hands the tier out in tests/cuda's order (xdist >= 3.2 sorts the
     units by size unless told not to; older ones keep the order and lack the flag)."""
-    import xdist.plugin
     import inspect
+
+    import xdist.plugin
     return ["--no-loadscope-reorder"] if "loadscopereorder" in inspect.getsource(xdist.plugin) else []
 
 

@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
+from fairseq.data import Dictionary, data_utils
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
-from fairseq.data import Dictionary, data_utils
 from fairseq_widearch.experiments.compare import SYSTEMS
 from fairseq_widearch.experiments.settings import OPTIMISATION, criterion_flags
 from fairseq_widearch.model_builder import build_model

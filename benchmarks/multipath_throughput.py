@@ -32,7 +32,6 @@ from fairseq_widearch.model_builder import build_model
 from malloc_modes import both_modes
 from on_device import add_arguments, check, clock, describe, to
 
-
 #: Both models' dropouts: the multi-path presets' (residual, attention and activation 0.1, the deep
 #: pre-norm recipe the paper follows), given to the deep twin too, whose fairseq defaults for
 #: attention and activation dropout are 0 (equal settings: each dropout costs its own kernels).

@@ -34,7 +34,8 @@ from fairseq_widearch.experiments.data import random_source_batches, random_trai
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 from on_device import add_arguments, check, describe, to, training_loss
-from partialformer_speed import generator, models as decoding_models
+from partialformer_speed import generator
+from partialformer_speed import models as decoding_models
 from training_utilisation import step_flops, stock_flags, twin_layers
 
 MISSED = "latent_depth_transformer_lld_12_24,scalable_transformer_wmt_en_de,partialformer_24_6_d360_h30_16"

@@ -31,9 +31,9 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.cli.export_subnet import build, export_model
+from fairseq_widearch.criterions.scalable_self_distillation import ScalableSelfDistillationCriterion
 from fairseq_widearch.experiments.counting import alternating_rounds
 from fairseq_widearch.experiments.data import random_source_batches
-from fairseq_widearch.criterions.scalable_self_distillation import ScalableSelfDistillationCriterion
 from fairseq_widearch.model_builder import build_model, dummy_dictionary, parse_arch_args
 from fairseq_widearch.tasks.scalable_translation import ScalableTranslationConfig, ScalableTranslationTask
 from on_device import add_arguments, check, clock, describe, to

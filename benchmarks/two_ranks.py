@@ -60,7 +60,8 @@ NOISE = {"latent_depth_transformer_tiny": ["--latent-objective", "ours"]}
 
 
 def train_flags(args, arch: str, save: Path) -> list:
-    flags = [args.data, "--arch", arch, *tiny_cases()[arch], *NOISE.get(arch, []), "--user-dir", REPO / "fairseq_widearch", "--save-dir", save,
+    flags = [args.data, "--arch", arch, *tiny_cases()[arch], *NOISE.get(arch, []), "--user-dir", REPO / "fairseq_widearch",
+             "--save-dir", save,
              "--max-update", args.updates, "--num-workers", "0", "--optimizer", "adam", "--lr", "0.001",
              "--max-tokens", args.max_tokens, "--seed", "1", "--disable-validation", "--no-epoch-checkpoints",
              "--log-format", "json", "--log-interval", "1", *NO_DROPOUT, *PRECISIONS[args.precision],

@@ -72,7 +72,7 @@ else
   echo "| creating virtualenv $VENV with $PY (Python $(version_of "$PY"))"
   "$PY" -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import fairseq_widearch, pytest, pytest_timeout, xdist, sacremoses, subword_nmt, sacrebleu, mkdocstrings" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import fairseq_widearch, pytest, pytest_timeout, xdist, sacremoses, subword_nmt, sacrebleu, mkdocstrings, ruff" 2>/dev/null; then
   echo "| installing torch (CPU build) and fairseq-widearch[test] into $VENV"
   "$VENV/bin/python" -m pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"

@@ -43,8 +43,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, open_dict
 from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
+from omegaconf import DictConfig, open_dict
 
 from .validation import refuse
 

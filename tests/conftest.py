@@ -18,6 +18,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (tests/cuda; skipped without one): pytest -m cuda")
     config.addinivalue_line("markers", "slow: trains, decodes or takes seconds; the fast tier is "
                                        "pytest -m 'not slow and not cuda'")
+    config.addinivalue_line("markers", "docs: a documentation policy (page budgets, figures from their rows, the manual's "
+                                       "commands and wording): pytest -m docs")
     config.addinivalue_line("markers", "e2e: its subject is a process (a recipe or the manual's block run as bash, "
                                        "torchrun, a kill, an exit status, fairseq without the plugin): pytest -m e2e")
     config.addinivalue_line("markers", "guards(fix, launcher): the fix's guard under that launcher, a row of the "
@@ -33,6 +35,13 @@ def pytest_configure(config):
 LONGEST = ("test_latent_depth_head_to_head.py", "test_fairseq_fixes_launched.py", "test_flows.py",
            "test_claims_study.py", "test_deploy.py", "test_lost_worker.py", "test_latent_depth_regime.py",
            "test_gpu_check.py", "test_fairseq_fixes.py")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The manual's size, reported (each page's budget is tests/test_docs.py's)."""
+    pages = [REPO / "README.md", *(REPO / "docs").glob("*.md")]
+    words = sum(len(page.read_text().split()) for page in pages)
+    terminalreporter.write_line(f"the manual: {words:,} words in {len(pages)} pages (README.md, docs/*.md)")
 
 
 def pytest_collection_modifyitems(items):

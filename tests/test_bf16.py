@@ -16,12 +16,26 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.trainer import Trainer
 from omegaconf import OmegaConf
 
-from testing_utils import (LOGPROB_TOLERANCE, OWN_SELF_ATTENTION, REPO, TIER_TRAIN_FLAGS, TIER_UPDATES, TINY_ARCHS,
-                           TINY_CASES, causal_kernel_against_masks, check_training, criterion_for,
-                           decode, fairseq, fp32_islands, incremental_against_full, train)
 from fairseq_widearch.experiments.runner import train_inner
 from fairseq_widearch.experiments.scoring import corpus_bleu, read_hypotheses
 from fairseq_widearch.model_builder import build_model
+from testing_utils import (
+    LOGPROB_TOLERANCE,
+    OWN_SELF_ATTENTION,
+    REPO,
+    TIER_TRAIN_FLAGS,
+    TIER_UPDATES,
+    TINY_ARCHS,
+    TINY_CASES,
+    causal_kernel_against_masks,
+    check_training,
+    criterion_for,
+    decode,
+    fairseq,
+    fp32_islands,
+    incremental_against_full,
+    train,
+)
 
 UPDATES = 12
 #: bf16 decoding of a 12-update model may differ from its fp32 decoding by this much sacreBLEU

@@ -10,9 +10,9 @@ from unittest import mock
 import pytest
 import torch
 
-from testing_utils import REPO, train
 from fairseq_widearch.experiments import runner, study
 from fairseq_widearch.experiments.claims import SCALABLE_TASK, Claim, System
+from testing_utils import REPO, train
 
 #: The study's machinery on two `_tiny` presets, and the scalable path (three stages, distillation,
 #: per-width scoring) on `scalable_transformer_tiny`: not paper claims.

@@ -25,12 +25,15 @@ from fairseq.models.transformer import TransformerConfig
 
 from testing_utils import PLUGIN_MODELS, REPO
 
+pytestmark = pytest.mark.docs
+
 FAIRSEQ_TOOLS = {"fairseq-train": options.get_training_parser, "fairseq-generate": options.get_generation_parser,
                  "fairseq-interactive": options.get_interactive_generation_parser,
                  "fairseq-preprocess": options.get_preprocessing_parser}
 #: What a shell variable or a placeholder of the manual stands for, where the value matters to a parser.
 TEST_VALUES = {"ARCH": "latent_depth_transformer_lld_12_24", "p": "lld_12_24", "seed": "1", "width": "128",
-               "ROOT": str(REPO), "HERE": str(REPO / "examples"), "CRITERION": "label_smoothed_cross_entropy", "PY": "python", "VENV": ".venv"}
+               "ROOT": str(REPO), "HERE": str(REPO / "examples"), "CRITERION": "label_smoothed_cross_entropy",
+               "PY": "python", "VENV": ".venv"}
 #: What an unknown variable expands to: a word every parser takes (a path, a count, a rate).
 PLACEHOLDER = "1"
 SHELL_WORDS = {"do", "then", "else", "exec", "time", "nohup", "env"}
@@ -308,16 +311,12 @@ def fairseq_error(tool: str, argv: List[str]) -> Optional[str]:
 
 
 def script_main(relative: str):
-    """The ``main`` of an example or benchmark script (``relative`` to the checkout), loaded with its
-    directory importable (as ``python script`` runs it)."""
+    """The ``main`` of an example or benchmark script (``relative`` to the checkout); the neighbours
+    it imports are importable (pyproject.toml's pythonpath)."""
     path = REPO / relative
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.parent))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module.main
 
 

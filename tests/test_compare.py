@@ -129,6 +129,7 @@ def test_side_by_side_throughput_times_every_system_in_one_process_without_check
 
 def test_a_latent_depth_row_records_its_posterior_and_expected_depth():
     import torch
+
     from fairseq_widearch.experiments.compare import latent_posterior
     from fairseq_widearch.model_builder import build_model
     model = build_model("latent_depth_transformer_tiny", [], vocab_size=40)

@@ -1,8 +1,9 @@
-"""The documentation covers every flag the plugin adds and shows each figure as its committed row has it."""
+"""The documentation covers every flag the plugin adds and shows each figure as its committed row has
+it; each page keeps within its budget and speaks in the present tense. Marked ``docs``: a failing
+page is told apart from failing code (``pytest -m docs``)."""
 import dataclasses
 import re
 
-import figures
 import pytest
 from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
 from fairseq.dataclass import FairseqDataclass
@@ -11,8 +12,10 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.tasks import TASK_DATACLASS_REGISTRY
 from fairseq.tasks.translation import TranslationConfig
 
+import figures
 from testing_utils import PLUGIN_MODELS, REPO
 
+pytestmark = pytest.mark.docs
 DOCS = REPO / "docs"
 INHERITED = {f.name for base in (TransformerConfig, TranslationConfig, FairseqDataclass)
              for f in dataclasses.fields(base)} | {"label_smoothing", "report_accuracy", "ignore_prefix_size",
@@ -56,7 +59,8 @@ def test_the_check_names_a_page_whose_figure_differs_from_its_row(monkeypatch, t
         figures.main(["--check"])
     figures.main([])
     row = figures.bleu("compare", "system=widenet")
-    assert not row.startswith("35.00") and page.read_text() == f"BLEU <!-- figure bleu compare system=widenet -->{row}<!-- end -->.\n"
+    assert not row.startswith("35.00")
+    assert page.read_text() == f"BLEU <!-- figure bleu compare system=widenet -->{row}<!-- end -->.\n"
 
 
 
@@ -64,19 +68,25 @@ ARCHITECTURE_SECTIONS = ["Idea", "Usage", "Results", "Fidelity", "Limitations", 
 
 
 @pytest.mark.parametrize("model", sorted(m.__name__ for m in PLUGIN_MODELS))
-def test_every_architecture_page_is_a_reference_of_at_most_250_lines_in_the_anchors_order(model):
+def test_every_architecture_page_is_a_reference_in_the_anchors_order(model):
     name = next(n for n, c in MODEL_REGISTRY.items() if c.__name__ == model)
-    text = (DOCS / f"{name}.md").read_text()
-    assert re.findall(r"^## (.+)$", text, re.M) == ARCHITECTURE_SECTIONS
-    assert len(text.splitlines()) <= 250
+    assert re.findall(r"^## (.+)$", (DOCS / f"{name}.md").read_text(), re.M) == ARCHITECTURE_SECTIONS
 
 
-def test_readme_is_at_most_150_lines_and_the_manual_at_most_25000_words():
-    """The manual: README and docs/*.md; the API pages (built from docstrings) and the dated records
-    (docs/records) are apart."""
-    assert len((REPO / "README.md").read_text().splitlines()) <= 150
-    words = sum(len(page.read_text().split()) for page in [REPO / "README.md", *DOCS.glob("*.md")])
-    assert words <= 25000
+#: Each page's budget in lines: README 150, every page of docs/ (an architecture's included) 250.
+#: The manual's total is reported after the tests (tests/conftest.py), not capped.
+BUDGETS = {"README.md": 150}
+
+
+def manual() -> list:
+    """The manual's pages: README and docs/*.md; the API pages (built from docstrings) and the dated
+    records (docs/records) are apart."""
+    return [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", [p.relative_to(REPO).as_posix() for p in manual()])
+def test_each_page_keeps_within_its_own_budget(page):
+    assert len((REPO / page).read_text().splitlines()) <= BUDGETS.get(page, 250)
 
 
 def test_the_presets_rows_are_those_the_figures_script_names():
@@ -103,7 +113,7 @@ ALLOWED = {
 def reference_lines():
     """(page, line number, line) of README.md and docs/*.md, with the generated figures (their rows
     carry dates) and link targets (a record's anchor names its date) taken out."""
-    for page in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+    for page in manual():
         text = re.sub(r"<!-- figure .*?<!-- end -->", "", page.read_text(), flags=re.S)
         for number, line in enumerate(text.splitlines(), 1):
             yield page.relative_to(REPO).as_posix(), number, re.sub(r"\]\([^)]*\)", "]", line)

@@ -10,6 +10,8 @@ import pytest
 
 from testing_utils import REPO
 
+pytestmark = pytest.mark.docs
+
 #: Words of how the project is worked on: an internal issue number ("issue #56", "issues 12"), a GPU
 #: machine lent, a period of work, the time a machine is lent for. Upstream references keep their form
 #: ("upstream issue #4696", "upstream issues #5036 and #5351": matched with their "upstream" and let
@@ -116,7 +118,8 @@ FLAGGED = [" ".join(words) for words in (
     ("the", "fifth", "loan"), ("in", "the", "next", "session"), ("811", "s", "of", "device", "time"),
     ("no", "device\ntime", "was", "left"), ("ask", "the", "device", "tool"))]
 PASSED = ["upstream issue #4696", "upstream\nissue #4696", "upstream issues #5036 and #5351",
-          '@pytest.fixture(scope="session")', "session-scoped fixture", "request.session.shouldstop = message", "once per routing call", "two calls",
+          '@pytest.fixture(scope="session")', "session-scoped fixture", "request.session.shouldstop = message",
+          "once per routing call", "two calls",
           "call 1 of the router", "the first calls", "both calls", "9.7 ms of GPU time per step"]
 
 

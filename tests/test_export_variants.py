@@ -9,7 +9,6 @@ from fairseq_widearch.model_builder import dummy_dictionary
 from testing_utils import SUB_TRANSFORMERS, VARIANTS, VOCAB, parent_and_export
 
 
-
 def sentences(seed=0):
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(4, VOCAB, (3, 9), generator=g)

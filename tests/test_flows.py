@@ -18,8 +18,8 @@ import time
 import pytest
 import torch
 
-from testing_utils import REPO
 from fairseq_widearch.experiments.settings import criterion
+from testing_utils import REPO
 
 ARCHS = ("multipath_transformer", "widenet", "scalable_transformer", "latent_depth_transformer", "partialformer")
 PAGES = {arch: REPO / "docs" / f"{arch}.md" for arch in ARCHS}

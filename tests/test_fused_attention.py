@@ -17,7 +17,6 @@ from fairseq_widearch.modules.attention_utils import dot_product_attention
 from testing_utils import OWN_SELF_ATTENTION, PAD, TINY_ARCHS, VOCAB, right_padded_batch
 
 
-
 def loss_and_grads(model, src, lengths, prev):
     """Log-probabilities of the real target positions, and every parameter's gradient of their sum."""
     model.zero_grad()

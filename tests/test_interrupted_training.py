@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from fairseq_widearch.checkpoint_loading import CheckpointReadError
-
 from testing_utils import REPO, TINY_ARCHS, TRAIN_FLAGS, criterion_for, fairseq, fairseq_cli, run, train
 
 #: Flags an architecture needs beyond the defaults to train as intended.

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from testing_utils import REPO, cli
-
 import head_to_head  # noqa: E402  (examples/latent_depth, on the path testing_utils sets)
+from testing_utils import REPO, cli
 
 VENV = str(Path(sys.executable).parent.parent)  # this test run's virtualenv, for the recipe
 

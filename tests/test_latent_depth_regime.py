@@ -7,9 +7,8 @@ from argparse import Namespace
 
 import pytest
 
-from testing_utils import cli
-
 import depth_regime  # noqa: E402  (examples/latent_depth, on the path testing_utils sets)
+from testing_utils import cli
 
 
 @pytest.mark.parametrize("curve, failed, verdict", [

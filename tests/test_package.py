@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import fairseq_widearch
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
+import fairseq_widearch
 from testing_utils import REPO, fairseq_cli
 
 

@@ -8,8 +8,17 @@ import pytest
 from fairseq import options, tasks
 
 from fairseq_widearch.validation import ConfigurationError
-from testing_utils import BIN, REPO, TINY_CASES, TRAIN_FLAGS, criterion_for, dummy_translation_data, fairseq, \
-    hydra_config, launch
+from testing_utils import (
+    BIN,
+    REPO,
+    TINY_CASES,
+    TRAIN_FLAGS,
+    criterion_for,
+    dummy_translation_data,
+    fairseq,
+    hydra_config,
+    launch,
+)
 
 PLUGIN = str(REPO / "fairseq_widearch")
 #: Heads that divide none of the tiny presets' widths: every architecture refuses them.

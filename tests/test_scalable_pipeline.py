@@ -90,8 +90,8 @@ def test_export_errors_name_the_problem(stages, multi30k_bin, tmp_path):
 
 @pytest.mark.slow
 def test_task_refuses_a_model_without_sub_transformers(multi30k_bin, tmp_path):
-    with pytest.raises(AssertionError, match="fairseq-train: error: --task scalable_translation needs a scalable_transformer arch, not "
-                                         "'transformer_tiny'"):
+    refusal = "fairseq-train: error: --task scalable_translation needs a scalable_transformer arch, not 'transformer_tiny'"
+    with pytest.raises(AssertionError, match=refusal):
         train(multi30k_bin, tmp_path, "transformer_tiny", "--task", "scalable_translation", max_update=1)
 
 

@@ -1,12 +1,12 @@
 """python -m fairseq_widearch.cli.stats on stock fairseq and plugin architectures."""
 import json
 
-import figures
 import pytest
 
-from testing_utils import TINY_ARCHS, cli
+import figures
 from fairseq_widearch.experiments.counting import param_counts, preset_param_counts
 from fairseq_widearch.model_builder import build_model
+from testing_utils import TINY_ARCHS, cli
 
 
 def stats(*argv):

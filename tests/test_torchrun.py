@@ -16,7 +16,6 @@ from fairseq.models.distributed_fairseq_model import DistributedFairseqModel
 
 from fairseq_widearch import fairseq_fixes
 
-
 TORCHRUN = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 
 

@@ -21,10 +21,11 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from fairseq.models import ARCH_MODEL_REGISTRY
 from filelock import FileLock
 
 import fairseq_widearch  # noqa: F401  (registers the plugin and applies its fixes, as --user-dir does)
-from fairseq.models import ARCH_MODEL_REGISTRY
+import prepare  # the recipes' own download (examples/multi30k)
 from fairseq_widearch.cli.export_subnet import build, export_model
 from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
 from fairseq_widearch.experiments.scoring import generate_args
@@ -33,12 +34,6 @@ from fairseq_widearch.model_builder import build_model, parse_arch_args
 from fairseq_widearch.models.base import use_causal_kernel
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples" / "multi30k"))
-# the benchmarks and the recipes' scripts, importable as they import their neighbours (cli)
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "examples" / "latent_depth"))
-sys.path.insert(0, str(REPO / "tools"))
-import prepare  # noqa: E402  (the recipes' own download)
 
 BIN = Path(sys.executable).parent
 PLUGIN_MODELS = {cls for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_widearch")}
@@ -205,6 +200,7 @@ def _fairseq_state_kept():
     handlers and level as they were (fairseq's data loader sets PYTHONWARNINGS for good;
     fairseq-preprocess adds a handler writing to its --destdir per call)."""
     from fairseq.logging import metrics
+
     from fairseq_widearch import fairseq_fixes
 
     _clear_function_state()

@@ -15,13 +15,13 @@ stated on one page and the others link to it.
 """
 import argparse
 import contextlib
-import io
 import importlib
+import importlib.util
+import io
 import json
 import re
 import shlex
 import statistics
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,10 +148,17 @@ def claim(name: str) -> str:
     return study.table(rows("claims"), study.CLAIMS[name])
 
 
+def script(relative: str):
+    """The module of the script at ``relative`` (to the checkout), loaded from its file."""
+    spec = importlib.util.spec_from_file_location(Path(relative).stem, REPO / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def gpu_report(name: str) -> str:
     """The speed figures of a GPU check's report (docs/data/``name``), each as the check summarises it."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpu_check
+    gpu_check = script("benchmarks/gpu_check.py")
     report = json.loads((DATA / name).read_text())
     report = report.get("speed_part", report)  # a report of both parts holds the speed part apart
     lines = ["| figure | result |", "|---|---|"]
@@ -162,8 +169,7 @@ def gpu_report(name: str) -> str:
 
 def head_to_head() -> str:
     """The latent-depth head-to-head's table, as ``head_to_head.py report`` prints it."""
-    sys.path.insert(0, str(REPO / "examples" / "latent_depth"))
-    import head_to_head as recipe
+    recipe = script("examples/latent_depth/head_to_head.py")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         recipe.main(["report", "--results", str(DATA / "latent_depth_o2m.jsonl")])
@@ -186,10 +192,11 @@ GPU_PEAK_FLOPS, GPU_UTILISATION, BYTES_PER_PARAM = 989e12, 0.30, 16
 
 
 def gpu_estimate(*names: str) -> str:
-    """Per preset (every row of presets.jsonl without names), an estimate from its MACs: training FLOPs per target token (2 FLOPs per MAC, the
-    backward pass twice the forward, one 20 + 20-token pair's MACs over its 20 target tokens), the
-    GPU-hours one billion target tokens take at ``GPU_UTILISATION`` of ``GPU_PEAK_FLOPS``, and the
-    memory of the weights and Adam's state (activations, which ``--max-tokens`` sets, left out)."""
+    """Per preset (every row of presets.jsonl without names), an estimate from its MACs: training
+    FLOPs per target token (2 FLOPs per MAC, the backward pass twice the forward, one 20 + 20-token
+    pair's MACs over its 20 target tokens), the GPU-hours one billion target tokens take at
+    ``GPU_UTILISATION`` of ``GPU_PEAK_FLOPS``, and the memory of the weights and Adam's state
+    (activations, which ``--max-tokens`` sets, left out)."""
     by_name = {r["name"]: r for r in rows("presets")}
     names = names or list(by_name)  # every row
     lines = ["| preset | params | training GFLOPs per target token | GPU-hours per 10⁹ target tokens "
@@ -224,8 +231,9 @@ def cost(name: str) -> str:
     lines = [f"{table['date']}, {table['hardware']}, `{table['command']}`: batches of {table['batch_size']} x "
              f"{table['src_len']} + {table['tgt_len']} tokens, vocabulary {table['vocab']:,}.", "",
              "| preset | twin encoder layers | training operators / twin's | host waits (twin) | atomic adds (twin) "
-             "| decoding operators / twin's | decoding waits, atomic adds (twin) | CPU throughput per FLOP / twin's (time over the twin's) | most run more often "
-             "than the twin (training) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| decoding operators / twin's | decoding waits, atomic adds (twin) "
+             "| CPU throughput per FLOP / twin's (time over the twin's) | most run more often than the twin (training) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for system, row in table.items():
         if not isinstance(row, dict) or "train" not in row:
             continue
@@ -272,9 +280,8 @@ def flag(source: str, name: str) -> str:
     return flags[flags.index(name) + 1]
 
 
-WRITERS = {"fixes": fixes, "flag": flag, "cost": cost, "bleu": bleu, "gap": gap, "seed_gaps": seed_gaps, "value": value, "speed": speed, "seed_span": seed_span, "span": span,
-           "mean": mean, "compare": compare, "claim": claim, "head_to_head": head_to_head, "gpu_report": gpu_report, "stats": stats, "sizes": sizes,
-           "gpu_estimate": gpu_estimate}
+WRITERS = {writer.__name__: writer for writer in (fixes, flag, cost, bleu, gap, seed_gaps, value, speed, seed_span, span,
+                                                   mean, compare, claim, head_to_head, gpu_report, stats, sizes, gpu_estimate)}
 
 
 def written(text: str) -> str:

@@ -17,15 +17,15 @@ settings of fairseq's ``examples/latent_depth`` README as far as they carry over
 
 Systems: ``static_D`` is fairseq's post-norm ``transformer_iwslt_de_en`` with a D-layer decoder;
 ``lld_D`` our ``latent_depth_transformer_o2m_12_24`` (post-norm, the released layer) with D latent
-decoder layers, target depth K = D / 2, under the released code's objective
-(``--latent-objective released``). Both: the scaled body (d 128, FFN 512, 4 heads, 12 encoder layers,
-decoder input and output embeddings tied), Adam (0.9, 0.98), eps 1e-6, lr 0.0015, inverse-sqrt
-from 1e-7, clip-norm 1.0, dropout and attention dropout 0.3, label smoothing 0.1, 2,048 tokens per
-update. What is scaled: the width (512 -> 128, FFN 1024 -> 512) and the batch (the README's 4,096
-tokens per pair and update -> 2,048 in all) for the CPU, and every update window of the released run by 1/8 for a 2,000-update budget (warm-up
-8,000 -> 1,000, the KL ramp 5,000 -> 625, soft samples 500 -> 63). ``--setting`` changes one thing
-at a time (:data:`SETTINGS`), to find the smallest setting in which the static model diverges, or
-a gentler one where none trains at the released setting.
+decoder layers, target depth K = D / 2, under the released code's objective (``--latent-objective
+released``). Both: the scaled body (d 128, FFN 512, 4 heads, 12 encoder layers, decoder input and
+output embeddings tied), Adam (0.9, 0.98), eps 1e-6, lr 0.0015, inverse-sqrt from 1e-7, clip-norm
+1.0, dropout and attention dropout 0.3, label smoothing 0.1, 2,048 tokens per update. What is
+scaled: the width (512 -> 128, FFN 1024 -> 512) and the batch (the README's 4,096 tokens per pair
+and update -> 2,048 in all) for the CPU, and every update window of the released run by 1/8 for a
+2,000-update budget (warm-up 8,000 -> 1,000, the KL ramp 5,000 -> 625, soft samples 500 -> 63).
+``--setting`` changes one thing at a time (:data:`SETTINGS`), to find the smallest setting in which
+the static model diverges, or a gentler one where none trains at the released setting.
 
 **Diverged** (fixed before the runs): training stops on a non-finite loss or gradient, or the mean
 training loss over the last tenth of the updates is not below the training loss logged at a tenth
@@ -142,7 +142,7 @@ def loss_curve(log: str, field: str = "loss") -> list:
     resumed run logs an update again (it restarts from its last interval checkpoint), its own entry.
     ``field``: the logged term (:data:`FIELD`)."""
     pattern = re.compile(FIELD.format(field))
-    curve = {int(u): float(l) if re.fullmatch(r"[\d.]+", l) else l for l, u in pattern.findall(log)}
+    curve = {int(u): float(v) if re.fullmatch(r"[\d.]+", v) else v for v, u in pattern.findall(log)}
     return sorted(curve.items())
 
 

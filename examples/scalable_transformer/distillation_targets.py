@@ -25,7 +25,8 @@ PLUGIN = Path(__file__).resolve().parents[2] / "fairseq_widearch"
 def decode_training_set(args) -> dict:
     """{sentence id: (source tokens, widest-model output tokens)} for the training set."""
     proc = subprocess.run(
-        [str(a) for a in [BIN / "fairseq-generate", args.data, "--user-dir", PLUGIN, "--path", args.checkpoint, "--gen-subset", "train",
+        [str(a) for a in [BIN / "fairseq-generate", args.data, "--user-dir", PLUGIN, "--path", args.checkpoint,
+         "--gen-subset", "train",
          "--source-lang", args.source_lang, "--target-lang", args.target_lang, "--beam", str(args.beam),
          "--lenpen", str(args.lenpen), "--max-tokens", str(args.max_tokens),
          *(["--cpu"] if args.device == "cpu" else []),

@@ -4,13 +4,13 @@
     python -m fairseq_widearch.cli.average_checkpoints --inputs DIR --num-epoch-checkpoints N --out OUT
     python -m fairseq_widearch.cli.average_checkpoints --inputs A.pt B.pt ... --out OUT
 
-fairseq's own ``scripts/average_checkpoints.py`` is not part of its wheels, and it loads
-checkpoints with torch's old unsafe default; this does the same under weights-only loading. With a
-directory, the N ``checkpoint_<epoch>_<updates>.pt`` files with the most updates are averaged (save
-them with ``--save-interval-updates``), or with ``--num-epoch-checkpoints`` the N ``checkpoint<epoch>.pt``
-files of the last epochs (what ``--keep-last-epochs`` keeps), as fairseq's script names them. The output keeps the newest checkpoint's config and drops
-optimizer state. Floating-point tensors are averaged in float64 and cast back; others are taken
-from the newest checkpoint.
+fairseq's own ``scripts/average_checkpoints.py`` is not part of its wheels, and it loads checkpoints
+with torch's old unsafe default; this does the same under weights-only loading. With a directory,
+the N ``checkpoint_<epoch>_<updates>.pt`` files with the most updates are averaged (save them with
+``--save-interval-updates``), or with ``--num-epoch-checkpoints`` the N ``checkpoint<epoch>.pt``
+files of the last epochs (what ``--keep-last-epochs`` keeps), as fairseq's script names them. The
+output keeps the newest checkpoint's config and drops optimizer state. Floating-point tensors are
+averaged in float64 and cast back; others are taken from the newest checkpoint.
 
 Raises:
     SystemExit: if an input or the output's directory does not exist, fewer checkpoints than
@@ -25,7 +25,6 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading fairseq checkpoints)
 from fairseq_widearch.cli import existing, whole
-
 
 #: How fairseq names a directory's interval checkpoints and its epoch checkpoints, by the number
 #: that orders them.

@@ -37,6 +37,7 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (registers the archs, allows loading the plugin's checkpoints)
 from fairseq_widearch.modules.slimmable import HEAD_DIM
+
 from . import existing
 
 #: Why a plugin model is not a standard Transformer, by model class name.

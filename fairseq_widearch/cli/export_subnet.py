@@ -26,6 +26,7 @@ import fairseq_widearch  # noqa: F401  (registers the arch, allows loading check
 from fairseq_widearch.checkpoint_loading import save_derived_checkpoint
 from fairseq_widearch.model_builder import dummy_dictionary
 from fairseq_widearch.modules.sub_transformers import width_set
+
 from . import existing, whole, widths
 
 #: Parameters of the exported model that alias another one (the tied output embedding).

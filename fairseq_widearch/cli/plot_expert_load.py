@@ -28,6 +28,7 @@ import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading che
 from fairseq_widearch.cli.plotting import pyplot
 from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.modules.moe import TopKRouter
+
 from . import existing, whole
 
 

@@ -27,6 +27,7 @@ import torch
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
 from fairseq_widearch.checkpoint_loading import save_derived_checkpoint
 from fairseq_widearch.modules.layer_select import undecided_warning
+
 from . import existing, number
 
 STACKS = ("encoder", "decoder")

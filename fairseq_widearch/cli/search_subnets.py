@@ -34,6 +34,7 @@ from fairseq_widearch.experiments.counting import count_macs
 from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.experiments.scoring import load_scalable, validation_nll
 from fairseq_widearch.modules.sub_transformers import parse_widths, width_set
+
 from . import existing, number, whole
 
 

@@ -49,9 +49,9 @@ from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEn
 from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
-from .auxiliary_loss import AuxiliaryLossCriterion
 from ..fairseq_fixes import left_out
 from ..validation import refuse
+from .auxiliary_loss import AuxiliaryLossCriterion
 
 PRIORS = ("uniform", "beta", "aggregated")
 UTILIZATION = ("samples", "probs")
@@ -96,7 +96,8 @@ class LatentDepthCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
                                         "unset: the arch preset's (the released example's 5,000 at its 24-layer "
                                         "budget), 0 under ours (no annealing)"}
     )
-    latent_prior: ChoiceEnum(PRIORS) = field(default="uniform", metadata={"help": "prior p(z_l) of the KL (Eq. 4); aggregated: Eq. 7, multilingual"})
+    latent_prior: ChoiceEnum(PRIORS) = field(
+        default="uniform", metadata={"help": "prior p(z_l) of the KL (Eq. 4); aggregated: Eq. 7, multilingual"})
     latent_prior_beta: str = field(
         default="1,1", metadata={"help": "a,b of the Beta(a, b) prior, read as a Bernoulli of mean a/(a+b)"}
     )
@@ -214,7 +215,8 @@ class LatentDepthCriterion(AuxiliaryLossCriterion):
         if latent_objective == "released" and latent_kl_anneal_updates <= 0:
             refuse(f"--latent-objective released needs --latent-kl-anneal-updates > 0 (the released code's "
                              f"--anneal-updates; every latent_depth_transformer preset sets it for its budget"
-                             f"{left_out('presets_reach_the_criterion', 'under fairseq-hydra-train')}), got {latent_kl_anneal_updates}")
+                             f"{left_out('presets_reach_the_criterion', 'under fairseq-hydra-train')}), "
+                             f"got {latent_kl_anneal_updates}")
         self.prior, self.prior_mean = latent_prior, a / (a + b) if latent_prior == "beta" else 0.5
         self.kl_weight, self.kl_anneal_updates = latent_kl_weight, latent_kl_anneal_updates
         self.target_layers, self.depth_weight = latent_target_layers, latent_depth_weight

@@ -47,7 +47,7 @@ class MoELabelSmoothedCrossEntropyCriterion(AuxiliaryLossCriterion):
         stats = {
             "moe_balance_loss": balance,
             "moe_dropped": torch.stack(extra["moe_dropped"]).mean() if calls else zero,
-            "moe_load_cv": torch.stack([l.std(unbiased=False) / l.mean().clamp(min=1) for l in loads]).mean()
+            "moe_load_cv": torch.stack([load.std(unbiased=False) / load.mean().clamp(min=1) for load in loads]).mean()
             if loads else zero,
         }
         return self.moe_balance_weight * balance, stats

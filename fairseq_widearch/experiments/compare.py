@@ -262,7 +262,8 @@ def summarise(rows, speeds: Dict[str, dict]) -> list:
         out.append({**runs[0], "bleu": statistics.mean(bleu), "bleu_sd": statistics.stdev(bleu) if len(bleu) > 1 else 0.0,
                     "bleu_seeds": bleu, "seeds": [r["seed"] for r in runs],
                     "train_wall_s": [r["train_wall_s"] for r in runs],
-                    "decode_sentences_per_s": [r["decode_sentences_per_s"] for r in runs], "cut_short": any(r["cut_short"] for r in runs),
+                    "decode_sentences_per_s": [r["decode_sentences_per_s"] for r in runs],
+                    "cut_short": any(r["cut_short"] for r in runs),
                     **speeds.get(system.split(" ")[0], {})})
     return out
 

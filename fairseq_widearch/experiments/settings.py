@@ -34,8 +34,9 @@ def criterion(arch: str) -> str:
     Raises:
         KeyError: for an architecture fairseq has not registered.
     """
-    import fairseq_widearch  # noqa: F401  (registers the plugin's architectures)
     from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_widearch  # noqa: F401  (registers the plugin's architectures)
 
     return getattr(ARCH_MODEL_REGISTRY[arch], "auxiliary_criterion", None) or "label_smoothed_cross_entropy"
 
@@ -48,8 +49,9 @@ SCALABLE_STAGE2_TASK = ["--task", "scalable_translation", "--criterion", "scalab
 def tiny_cases() -> dict:
     """Every ``_tiny`` preset the plugin registers -> the flags it trains with beyond its arch: the
     scalable one under its own task and self-distillation criterion in stage 2, the others none."""
-    import fairseq_widearch  # noqa: F401  (registers the plugin's architectures)
     from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_widearch  # noqa: F401  (registers the plugin's architectures)
 
     archs = sorted(name for name, cls in ARCH_MODEL_REGISTRY.items()
                    if cls.__module__.startswith("fairseq_widearch") and name.endswith("_tiny"))

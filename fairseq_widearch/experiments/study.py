@@ -95,7 +95,8 @@ def score(args, checkpoint: Path, system: System, width: int = 0) -> dict:
     validate = overrides({**system.evaluate, **({"eval_width": str(width)} if width else {})})
     valid = subprocess.run([str(c) for c in [BIN / "fairseq-validate", args.data, "--user-dir",
                                              USER_DIR, "--task", task, "--path", checkpoint,
-                                             "--valid-subset", "valid", "--max-tokens", "4096", *(["--cpu"] if args.device == "cpu" else []),
+                                             "--valid-subset", "valid", "--max-tokens", "4096",
+                                             *(["--cpu"] if args.device == "cpu" else []),
                                              *validate]], capture_output=True, text=True, check=True)
     losses = re.search(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+)", valid.stdout + valid.stderr)
     out = checkpoint.with_name(f"generate{'-w%d' % width if width else ''}.txt")
@@ -110,6 +111,7 @@ def score(args, checkpoint: Path, system: System, width: int = 0) -> dict:
 def parameters(checkpoint: Path, width: int = 0) -> int:
     """Parameters of the model (``width``: of that sub-Transformer), the stats tool's count."""
     from fairseq import checkpoint_utils
+
     from fairseq_widearch.experiments.counting import param_counts, sub_transformer_param_counts
     [model], _ = checkpoint_utils.load_model_ensemble([str(checkpoint)])
     if width:
@@ -122,6 +124,7 @@ def latent_kept(checkpoint: Path) -> dict:
     """``{"latent_kept": {module: [layer indices]}}``: the layers hard selection keeps in each
     latent stack of the model (σ(α_l) above its LayerSelect's threshold); {} for other models."""
     from fairseq import checkpoint_utils
+
     from fairseq_widearch.modules import LayerSelect
     [model], _ = checkpoint_utils.load_model_ensemble([str(checkpoint)])
     kept = {name: (select.probs()[0] > select.threshold).nonzero().flatten().tolist()
@@ -391,8 +394,9 @@ def main(argv=None, claims: Dict[str, Claim] = CLAIMS):
     p.add_argument("--max-epoch", type=int, default=40)
     p.add_argument("--patience", type=int, default=3, help="epochs without a better validation loss before stopping")
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--max-len-b", type=int, default=200, help="longest output in tokens of every decoding (fairseq's default 200); "
-                   "the stage-3 targets drop pairs with a longer side (distillation_targets.py --max-len)")
+    p.add_argument("--max-len-b", type=int, default=200,
+                   help="longest output in tokens of every decoding (fairseq's default 200); the stage-3 targets "
+                        "drop pairs with a longer side (distillation_targets.py --max-len)")
     p.add_argument("--results", type=Path, help="the results file, one row per run (default WORK/results.jsonl)")
     p.add_argument("--figures", type=Path, help="directory of the claim_<name>.png figures (default WORK)")
     p.add_argument("--progress", action="store_true",

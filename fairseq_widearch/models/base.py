@@ -5,9 +5,6 @@ from dataclasses import dataclass, fields
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-from omegaconf import DictConfig, OmegaConf
-from torch import Tensor
-
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import (
@@ -17,6 +14,8 @@ from fairseq.models.transformer import (
     TransformerModel,
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
 
 
 def added_defaults(config_cls) -> dict:

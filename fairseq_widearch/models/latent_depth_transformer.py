@@ -23,6 +23,7 @@ encoder passes the pair indices on as ``latent_pair`` ``(B,)``, reordered with t
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+import torch
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
@@ -32,12 +33,12 @@ from fairseq.models.transformer import (
     base_architecture,
 )
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-import torch
 from torch import Tensor
 
 from ..criterions.latent_depth_label_smoothed_cross_entropy import OBJECTIVE_DEFAULTS, objective_of
 from ..modules.language_pair import LanguagePairIndex
 from ..modules.layer_select import INFERENCE_MODES, LayerSelect, logistic_noise
+from ..validation import reject_unapplied, require, validate_transformer_sizes
 from .base import (
     NO_ALIGNMENT,
     LayerLoopDecoder,
@@ -48,7 +49,6 @@ from .base import (
     wrap_layer,
 )
 from .presets import MULTI30K_BODY, register_preset, set_defaults, set_unset
-from ..validation import reject_unapplied, require, validate_transformer_sizes
 
 
 @dataclass
@@ -98,9 +98,9 @@ def language_pairs(cfg) -> List[str]:
 
 
 def build_layer_select(cfg, num_layers: int) -> LayerSelect:
-    return LayerSelect(num_layers, max(len(language_pairs(cfg)), 1), cfg.latent_logit_init, cfg.latent_temperature, cfg.latent_min_temperature,
-                       cfg.latent_temperature_anneal_updates, cfg.latent_soft_updates, cfg.latent_inference,
-                       cfg.latent_threshold)
+    return LayerSelect(num_layers, max(len(language_pairs(cfg)), 1), cfg.latent_logit_init, cfg.latent_temperature,
+                       cfg.latent_min_temperature, cfg.latent_temperature_anneal_updates, cfg.latent_soft_updates,
+                       cfg.latent_inference, cfg.latent_threshold)
 
 
 def latent_residual(layer, x: Tensor, layer_norm, sublayer, z: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
@@ -187,7 +187,8 @@ def run_latent_layers(layers, select: Optional[LayerSelect], pair: Optional[Tens
     else:
         weights, aux = layer_weights(select, pair, stack, noise)
     computed = {i for i, weight in enumerate(weights) if select is None or not _skipped(select, weight, prunable)}
-    if alignment_layer is not None and alignment_layer != NO_ALIGNMENT:  # the last computed layer up to it (else the first computed one)
+    # the last computed layer up to it (else the first computed one)
+    if alignment_layer is not None and alignment_layer != NO_ALIGNMENT:
         before = [i for i in computed if i <= alignment_layer]
         alignment_layer = max(before) if before else min(computed, default=-1)
     for i, (layer, weight) in enumerate(zip(layers, weights)):

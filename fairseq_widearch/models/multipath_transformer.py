@@ -32,9 +32,9 @@ from ..modules.multi_path import (
     MultiPathSublayer,
     PathFusion,
 )
+from ..validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 from .base import AlignmentsWhenRead, WideTransformerModel, added_defaults, wrap_layer
 from .presets import MULTI30K_BODY, register_preset, set_defaults
-from ..validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 
 
 @dataclass

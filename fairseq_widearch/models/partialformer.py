@@ -30,8 +30,8 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
 from ..modules.encoder_layer import EncoderLayer
-from ..modules.partial_attention import (GATE_ACTIVATIONS, GlobalAttentionLogits, PartialAttention, PGFFN,
-                                         qkv_gain)
+from ..modules.partial_attention import GATE_ACTIVATIONS, PGFFN, GlobalAttentionLogits, PartialAttention, qkv_gain
+from ..validation import reject_unapplied, require, require_positive
 from .base import (
     LayerLoopDecoder,
     LayerLoopEncoder,
@@ -41,7 +41,6 @@ from .base import (
     wrap_layer,
 )
 from .presets import MULTI30K_BODY, register_preset, set_defaults
-from ..validation import reject_unapplied, require, require_positive
 
 STACKS = ("both", "encoder", "decoder")
 #: Initialisations (docs/partialformer.md, "Initialisation").

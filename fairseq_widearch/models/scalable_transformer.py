@@ -29,9 +29,9 @@ from torch import Tensor
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.slimmable import HEAD_DIM, CroppedPositions, SlimmableAttention, SlimmableLayerNorm, SlimmableLinear
 from ..modules.sub_transformers import built_widths, crop_linear, crop_norm, width_dropout, width_set
+from ..validation import refuse, reject_unapplied, require
 from .base import LayerLoopDecoder, LayerLoopEncoder, WideTransformerModel, added_defaults, alignment_weights
 from .presets import set_defaults
-from ..validation import refuse, reject_unapplied, require
 
 logger = logging.getLogger(__name__)
 

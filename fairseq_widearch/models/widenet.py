@@ -34,9 +34,9 @@ from ..checkpoint_loading import CONFIG_UPGRADES
 from ..modules.encoder_layer import EncoderLayer
 from ..modules.moe import EXPERT_FORMS, RELEASED_BIAS_STD, ROUTINGS, ExpertForm, Experts, MoELayer, Routing, TopKRouter
 from ..modules.sharing import share_parameters
+from ..validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 from .base import LayerLoopDecoder, LayerLoopEncoder, LayerSlot, WideTransformerModel, added_defaults, alignment_weights
 from .presets import MULTI30K_BODY, register_preset, set_defaults, set_unset
-from ..validation import reject_unapplied, require, require_positive, validate_transformer_sizes
 
 #: Keys of the auxiliary MoE outputs, each a list with one entry per routing call.
 MOE_KEYS = ("moe_balance_loss", "moe_dropped", "moe_load")
@@ -84,7 +84,8 @@ class WideNetConfig(TransformerConfig):
         metadata={"help": "released: the attention as the authors' code (Keras' MultiHeadAttention) initialises it, "
                           "Glorot-uniform with the fans of its 3-D kernels (q, k, v (d, H, d/H): fan_in H·d, "
                           "fan_out d/H·d; output (H, d/H, d): fan_in d, fan_out H·d) and zero biases; fairseq: "
-                          "fairseq's MultiheadAttention init (Xavier, gain 1/√2 for q, k, v, with nn.Linear's biases; a zero output bias); "
+                          "fairseq's MultiheadAttention init (Xavier, gain 1/√2 for q, k, v, with nn.Linear's biases; "
+                          "a zero output bias); "
                           "docs/widenet.md"},
     )
     moe_activation_fn: Optional[str] = field(

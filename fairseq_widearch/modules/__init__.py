@@ -4,7 +4,7 @@ from .language_pair import LanguagePairIndex
 from .layer_select import LayerSelect
 from .moe import Experts, MoELayer, Routing, TopKRouter
 from .multi_path import MultiPathAttention, MultiPathAttentionSublayer, MultiPathFFN, MultiPathSublayer, PathFusion
-from .partial_attention import GlobalAttentionLogits, HeadExpansion, PartialAttention, PGFFN
+from .partial_attention import PGFFN, GlobalAttentionLogits, HeadExpansion, PartialAttention
 from .path_norm import PathNorm
 from .slimmable import SlimmableAttention, SlimmableLayerNorm, SlimmableLinear
 

@@ -1,6 +1,7 @@
 """n independent linear maps computed as one batched matmul (multi-path sub-layers, MoE experts)."""
 import math
 from typing import Optional
+
 import torch
 import torch.nn as nn
 

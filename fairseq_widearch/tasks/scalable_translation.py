@@ -26,8 +26,8 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from ..validation import refuse
 from ..modules.sub_transformers import parse_widths, width_set
+from ..validation import refuse
 
 #: A sub-Transformer: C and, for type-2, D^i of every encoder then decoder layer (None: D^i = C).
 SubTransformer = Tuple[int, Optional[List[int]]]

@@ -12,7 +12,8 @@ from testing_utils import train
 
 VOCAB = 40
 CASES = [("widenet_tiny", MoELabelSmoothedCrossEntropyCriterion, dict(moe_balance_weight=0.5), "moe_balance_loss"),
-         ("latent_depth_transformer_tiny", LatentDepthCriterion, dict(latent_objective="ours", latent_kl_weight=2.0, latent_prior="beta", latent_prior_beta="1,3"), "latent_kl")]
+         ("latent_depth_transformer_tiny", LatentDepthCriterion,
+          dict(latent_objective="ours", latent_kl_weight=2.0, latent_prior="beta", latent_prior_beta="1,3"), "latent_kl")]
 
 
 def sample(seed=0):

@@ -1,9 +1,10 @@
 """CUDA tier (``pytest -m cuda``; every test here is skipped where CUDA is absent, so a CPU run is
 unchanged): every architecture's ``_tiny`` preset, the scalable one under its own task and
-self-distillation criterion, trained on the quick start's Multi30k data with fairseq's
-``--fp16`` (FP16Optimizer), ``--memory-efficient-fp16``, ``--amp`` and ``--bf16``; fp16 and bf16
-decoding against fp32 decoding of the same checkpoint; incremental = full decoding in fp16; the
-causal kernel against the additive masks in fp16; the fp32 islands of a half-precision model. docs/records/gpu_runs.md records each run and its figures.
+self-distillation criterion, trained on the quick start's Multi30k data with fairseq's ``--fp16``
+(FP16Optimizer), ``--memory-efficient-fp16``, ``--amp`` and ``--bf16``; fp16 and bf16 decoding
+against fp32 decoding of the same checkpoint; incremental = full decoding in fp16; the causal kernel
+against the additive masks in fp16; the fp32 islands of a half-precision model.
+docs/records/gpu_runs.md records each run and its figures.
 
 Run alone on the GPU (``OMP_NUM_THREADS=1 python -m pytest tests/cuda -m cuda -v -rfE --tb=short -n 16 --dist
 loadgroup --no-loadscope-reorder`` takes minutes; ``-v`` names each test as it ends, so a run cut short
@@ -22,13 +23,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from testing_utils import (DECODE_HALF, LOGPROB_TOLERANCE, OWN_SELF_ATTENTION, REPO, TINY_ARCHS, benchmark,
-                           causal_kernel_against_masks, check_training, criterion_for, decode, fairseq, fp32_islands,
-                           incremental_against_full)
-from testing_utils import TIER_LOG_INTERVAL as LOG_INTERVAL, TIER_TRAIN_FLAGS as TRAIN_FLAGS, TIER_UPDATES as UPDATES
-from testing_utils import TINY_CASES as CASES
 from fairseq_widearch.experiments.runner import train_inner
 from fairseq_widearch.experiments.scoring import corpus_bleu, read_hypotheses_by_id
+from testing_utils import (
+    DECODE_HALF,
+    LOGPROB_TOLERANCE,
+    OWN_SELF_ATTENTION,
+    REPO,
+    TINY_ARCHS,
+    benchmark,
+    causal_kernel_against_masks,
+    check_training,
+    criterion_for,
+    decode,
+    fairseq,
+    fp32_islands,
+    incremental_against_full,
+)
+from testing_utils import TIER_LOG_INTERVAL as LOG_INTERVAL
+from testing_utils import TIER_TRAIN_FLAGS as TRAIN_FLAGS
+from testing_utils import TIER_UPDATES as UPDATES
+from testing_utils import TINY_CASES as CASES
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -144,7 +159,8 @@ def test_incremental_decoding_equals_full_decoding_in_fp16(arch):
     assert difference <= LOGPROB_TOLERANCE[torch.float16]
 
 
-@pytest.mark.parametrize("arch", light(1, sorted(OWN_SELF_ATTENTION, key=ARCH_ORDER.index, reverse=True)))  # multi-path never reached
+# (multi-path is never reached)
+@pytest.mark.parametrize("arch", light(1, sorted(OWN_SELF_ATTENTION, key=ARCH_ORDER.index, reverse=True)))
 def test_the_causal_kernel_gives_the_masked_log_probabilities_in_fp16(arch):
     """Decoder self-attention on SDPA's own causal mask (the flash kernel) against fairseq's
     additive masks, fp16, right-padded targets: the real positions' log-probabilities."""

@@ -431,6 +431,7 @@ def test_a_config_stored_under_the_objective_s_former_name_builds_the_released_s
     """Checkpoints trained before the objective was named ``released`` store ``anchor``; loading
     one runs the preset on its stored config."""
     from argparse import Namespace
+
     from fairseq.models import ARCH_CONFIG_REGISTRY
     args = Namespace(latent_objective="anchor")
     ARCH_CONFIG_REGISTRY["latent_depth_transformer_multi30k"](args)
@@ -443,6 +444,7 @@ def test_a_checkpoint_of_the_former_default_decodes_as_it_was_trained(multi30k_b
     stores --latent-soft-updates -1) keeps them when loaded: its soft weights at inference are the
     mean of the relaxed samples it trained on, not σ(α), whatever the preset's schedule is now."""
     from fairseq import checkpoint_utils
+
     from fairseq_widearch.modules.layer_select import expected_relaxed_sample
     train(multi30k_bin, tmp_path, "latent_depth_transformer_tiny", "--latent-objective", "ours", max_update=2)
     [model], cfg = checkpoint_utils.load_model_ensemble([str(tmp_path / "checkpoint_last.pt")])

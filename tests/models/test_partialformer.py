@@ -9,10 +9,8 @@ from fairseq.modules import MultiheadAttention
 
 from fairseq_widearch.experiments.counting import OperatorCounter, model_stats, preset_param_counts
 from fairseq_widearch.model_builder import build_model
-from fairseq_widearch.modules import PartialAttention, PGFFN
-from testing_utils import benchmark
-from testing_utils import VOCAB
-from testing_utils import right_padded_batch
+from fairseq_widearch.modules import PGFFN, PartialAttention
+from testing_utils import VOCAB, benchmark, right_padded_batch
 
 D, H0, DK = 32, 4, 8
 
@@ -198,6 +196,7 @@ def test_checkpoints_from_before_the_released_codes_default_rebuild_as_trained()
     """A config with the former ``pg_ffn_inner_residual`` flag: Eq. 5 as printed unless it was set,
     and no A^G LayerNorms (the checkpoint holds none)."""
     from argparse import Namespace
+
     from fairseq_widearch.model_builder import parse_arch_args
     from fairseq_widearch.models.partialformer import upgrade_legacy_args
 

@@ -9,8 +9,8 @@ import torch
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
-from fairseq_widearch.experiments.counting import model_stats, preset_param_counts
 from fairseq_widearch.criterions import MoELabelSmoothedCrossEntropyCriterion
+from fairseq_widearch.experiments.counting import model_stats, preset_param_counts
 from fairseq_widearch.model_builder import build_model, dummy_dictionary
 from fairseq_widearch.models.widenet import DenseFFN
 from fairseq_widearch.modules.moe import Routing
@@ -260,7 +260,8 @@ def test_attention_is_initialised_as_keras_multi_head_attention_unless_fairseqs_
     self_attn, cross = model.decoder.layers[0].self_attn, model.decoder.layers[0].encoder_attn
     head_dim = d // heads
     expected = [(self_attn.q_proj, heads * d, head_dim * d), (self_attn.out_proj, d, heads * d),
-                (cross.k_proj, heads * encoder_d, head_dim * encoder_d), (cross.v_proj, heads * encoder_d, head_dim * encoder_d)]
+                (cross.k_proj, heads * encoder_d, head_dim * encoder_d),
+                (cross.v_proj, heads * encoder_d, head_dim * encoder_d)]
     for proj, fan_in, fan_out in expected:
         bound = (6 / (fan_in + fan_out)) ** 0.5
         assert proj.weight.abs().max() <= bound and proj.weight.std() == pytest.approx(bound / 3 ** 0.5, rel=0.05)
@@ -402,6 +403,7 @@ def test_a_checkpoint_saved_before_the_released_defaults_loads_as_it_was_trained
     form; loading rebuilds it with ``ours`` for both. A config that names them, or another arch's,
     is left alone."""
     from argparse import Namespace
+
     from fairseq import checkpoint_utils
     from omegaconf import OmegaConf
 

@@ -472,6 +472,7 @@ def test_the_written_out_move_equals_autograd_through_the_experts(activation, fo
 def test_a_dropout_kept_mask_gives_native_dropouts_gradient():
     """``undropped`` with ``native_dropout``'s boolean mask (off the CPU) scales the kept elements."""
     from fairseq.modules.fairseq_dropout import FairseqDropout
+
     from fairseq_widearch.modules.moe import undropped
     grad, kept = torch.randn(6, 5), torch.rand(6, 5) > 0.3
     torch.testing.assert_close(undropped(FairseqDropout(0.3), grad, kept), grad * kept / 0.7)

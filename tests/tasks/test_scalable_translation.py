@@ -125,7 +125,7 @@ def test_eval_width_and_bad_values_name_the_flag():
     make_task(eval_width="64").eval_sub_transformer(model)
     assert model.encoder.width == 64 and model.decoder.layers[1].self_attn.active_dim == 64
     make_task(eval_width="64,128,128,64").eval_sub_transformer(model)
-    assert model.encoder.width == 128 and [l.self_attn.active_dim for l in model.all_layers()] == [64, 128, 128, 64]
+    assert model.encoder.width == 128 and [layer.self_attn.active_dim for layer in model.all_layers()] == [64, 128, 128, 64]
     for value, message in [("96", "multiples of 64"), ("64,128", "needs 4 widths"), ("256", "got 256"),
                            ("x", "invalid literal")]:
         with pytest.raises(ValueError, match=f"--eval-width '{value}': .*{message}"):
@@ -144,6 +144,7 @@ def test_training_with_another_criterion_fails_naming_the_flag():
     ("translation", False, True), ("scalable_translation", False, False), ("translation", True, False)])
 def test_a_task_that_trains_only_the_widest_says_so(caplog, task_class, exported, warned):
     from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
     from fairseq_widearch.model_builder import parse_arch_args
 
     d = dummy_dictionary(VOCAB)
