@@ -35,22 +35,20 @@ from collections import Counter
 import torch
 
 import fairseq_widearch  # noqa: F401  (registers the plugin)
+from fairseq_widearch.experiments.settings import plugin_archs
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import MoELayer
 from on_device import DTYPES, training_loss
 
 PAD = 1  # fairseq's padding index
+#: Flags beyond an architecture's Multi30k preset: latent depth with straight-through hard samples
+#: from the first update, as LL-D trains after its soft phase.
+FLAGS = {"latent_depth_transformer": ["--decoder-layers", "12", "--latent-soft-updates", "0"]}
 SYSTEMS = {
     "transformer": ("transformer", ["--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
                                     "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
                                     "--encoder-layers", "3", "--decoder-layers", "3"]),
-    "multipath_transformer": ("multipath_transformer_multi30k", []),
-    "widenet": ("widenet_multi30k", []),
-    "scalable_transformer": ("scalable_transformer_multi30k", []),
-    # straight-through hard samples from the first update, as LL-D trains after its soft phase
-    "latent_depth_transformer": ("latent_depth_transformer_multi30k", ["--decoder-layers", "12",
-                                                                        "--latent-soft-updates", "0"]),
-    "partialformer": ("partialformer_multi30k", []),
+    **{arch: (f"{arch}_multi30k", FLAGS.get(arch, [])) for arch in plugin_archs()},
 }
 
 

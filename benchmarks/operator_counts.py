@@ -37,15 +37,14 @@ import torch.nn.functional as F
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.experiments.counting import OperatorCounter
 from fairseq_widearch.experiments.data import random_training_batches
+from fairseq_widearch.experiments.settings import paper_presets
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.modules import Experts, MoELayer, TopKRouter
 from on_device import training_loss
 from training_utilisation import compare, parse_system, step_flops, stock_flags, twin_layers
 
 #: Each architecture's Multi30k preset and a paper-size one.
-SYSTEMS = ("multipath_transformer_multi30k", "multipath_transformer_6l_4p", "widenet_multi30k", "widenet_wmt_en_de",
-           "scalable_transformer_multi30k", "scalable_transformer_wmt_en_de", "latent_depth_transformer_multi30k",
-           "latent_depth_transformer_lld_12_24", "partialformer_multi30k", "partialformer_24_6_d360_h30_16")
+SYSTEMS = tuple(preset for arch, paper in paper_presets().items() for preset in (f"{arch}_multi30k", paper))
 #: The targets: operators per step at most this times the twin's, host waits at most the twin's;
 #: CPU training throughput per FLOP at least this times the twin's.
 OPERATORS, THROUGHPUT = 1.10, 0.95

@@ -27,11 +27,12 @@ from torch.utils.flop_counter import FlopCounterMode
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.experiments.counting import alternating_rounds, matmul_peak_flops, param_counts
 from fairseq_widearch.experiments.data import random_training_batches
+from fairseq_widearch.experiments.settings import paper_presets
 from fairseq_widearch.model_builder import build_model, parse_arch_args
 from on_device import DTYPES, add_arguments, check, clock, describe, to, training_loss
 
-SYSTEMS = ("multipath_transformer_6l_4p", "widenet_wmt_en_de", "scalable_transformer_wmt_en_de",
-           "latent_depth_transformer_lld_12_24", "partialformer_24_6_d360_h30_16")
+#: Every architecture at its paper's size.
+SYSTEMS = tuple(paper_presets().values())
 
 
 def parse_system(system: str):

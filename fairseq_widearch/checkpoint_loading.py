@@ -95,3 +95,27 @@ def save_derived_checkpoint(source_state: dict, model_args: argparse.Namespace, 
     torch.save({"args": None, "cfg": plain_config({**source_state["cfg"], "model": model_args}), "model": model_state,
                 "optimizer_history": plain_config(source_state["optimizer_history"]), "extra_state": {},
                 "last_optimizer_state": None}, out)
+
+
+def average_checkpoints(paths) -> dict:
+    """The checkpoint whose parameters are the mean of those of ``paths`` (oldest first): floating-point
+    tensors averaged in float64 and cast back, others and the config taken from the newest, no
+    optimizer state (fairseq's ``scripts/average_checkpoints.py``, under weights-only loading).
+
+    Raises:
+        ValueError: if the checkpoints do not hold the same parameters.
+    """
+    states = [torch.load(p, map_location="cpu") for p in paths]
+    names = list(states[-1]["model"])
+    for path, state in zip(paths, states):
+        if list(state["model"]) != names:
+            raise ValueError(f"{path} does not hold the same parameters as {paths[-1]}")
+    averaged = {}
+    for name in names:
+        newest = states[-1]["model"][name]
+        if newest.is_floating_point():
+            total = sum(s["model"][name].double() for s in states)
+            averaged[name] = (total / len(states)).to(newest.dtype)
+        else:
+            averaged[name] = newest
+    return {**states[-1], "model": averaged, "last_optimizer_state": None}

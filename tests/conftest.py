@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from testing_utils import LANGS, REPO, NoMulti30k, cli, fairseq, find_multi30k, train
+from testing_utils import LANGS, REPO, NoMulti30k, cli, dummy_translation_data, fairseq, find_multi30k, train
 
 
 def pytest_addoption(parser):
@@ -44,7 +44,22 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"the manual: {words:,} words in {len(pages)} pages (README.md, docs/*.md)")
 
 
+#: The fixtures that read real Multi30k (found or downloaded): the slow tier's alone.
+MULTI30K = ("multi30k_dir", "multi30k_o2m_dir")
+
+
 def pytest_collection_modifyitems(items):
+    """The fast tier runs offline: a test that is not slow but reads real Multi30k is an error
+    (its data: ``dummy_bin``). """
+    offline = [item.nodeid for item in items if not item.get_closest_marker("slow")
+               and set(MULTI30K) & set(getattr(item, "fixturenames", ()))]
+    if offline:
+        raise pytest.UsageError("the fast tier reads no Multi30k (mark these slow, or use dummy_bin): "
+                                + ", ".join(offline))
+    order(items)
+
+
+def order(items):
     """The longest test files first, then the other files with processes (e2e), then those with more
     slow tests, so that under ``--dist loadfile`` (tests/run.sh) the long files start first and the
     fast ones fill the workers' last minutes; then the CUDA tier's tests in the order of their
@@ -70,6 +85,13 @@ def raw_multi30k(request, langs):
         message = str(e)
     request.session.shouldstop = message
     pytest.fail(message, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def dummy_bin(tmp_path_factory):
+    """Random en-de pairs, 37 per split, made in this process (testing_utils.dummy_translation_data):
+    the fast tier's data, which needs neither Multi30k nor a network."""
+    return dummy_translation_data(tmp_path_factory.mktemp("dummy"))
 
 
 @pytest.fixture(scope="session")

@@ -7,15 +7,26 @@ from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_widearch.model_builder import build_model
-from testing_utils import PLUGIN_MODELS, REPO, TINY_ARCHS, VOCAB, batch, ddp_train, fairseq, train
+from testing_utils import (
+    MULTI30K_PRESETS,
+    PLUGIN_ARCHS,
+    PLUGIN_MODELS,
+    REPO,
+    TINY_ARCHS,
+    VOCAB,
+    batch,
+    ddp_train,
+    fairseq,
+    train,
+)
 
 
-def test_the_suite_covers_every_architecture_through_its_tiny_preset():
-    """A `_tiny` preset that disappears (or an architecture without one) fails here instead of
-    silently shrinking every parametrized test below."""
-    assert TINY_ARCHS == sorted(f"{arch}_tiny" for arch in ("multipath_transformer", "widenet", "scalable_transformer",
-                                                           "latent_depth_transformer", "partialformer"))
+def test_the_suite_covers_every_architecture_through_its_tiny_and_multi30k_presets():
+    """An architecture without a `_tiny` preset (or one that disappears) fails here instead of
+    silently shrinking every parametrized test below; the `_multi30k` one is the quick start's."""
+    assert len(PLUGIN_ARCHS) >= 5 and TINY_ARCHS == [f"{arch}_tiny" for arch in PLUGIN_ARCHS]
     assert {ARCH_MODEL_REGISTRY[arch] for arch in TINY_ARCHS} == PLUGIN_MODELS
+    assert [ARCH_MODEL_REGISTRY.get(preset) for preset in MULTI30K_PRESETS] == [ARCH_MODEL_REGISTRY[a] for a in TINY_ARCHS]
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)

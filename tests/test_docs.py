@@ -13,7 +13,7 @@ from fairseq.tasks import TASK_DATACLASS_REGISTRY
 from fairseq.tasks.translation import TranslationConfig
 
 import figures
-from testing_utils import PLUGIN_MODELS, REPO
+from testing_utils import PLUGIN_ARCHS, PLUGIN_MODELS, REPO
 
 pytestmark = pytest.mark.docs
 DOCS = REPO / "docs"
@@ -136,3 +136,8 @@ def test_the_scalable_pages_stage_2_command_is_the_comparisons():
 def test_the_index_lists_every_records_page():
     index = (DOCS / "index.md").read_text()
     assert [p.name for p in sorted((DOCS / "records").glob("*.md")) if f"records/{p.name}" not in index] == []
+
+
+def test_readme_has_a_row_for_every_architecture():
+    readme = (REPO / "README.md").read_text()
+    assert [arch for arch in PLUGIN_ARCHS if f"\n| `{arch}` |" not in readme] == []

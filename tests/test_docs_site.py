@@ -138,3 +138,14 @@ def test_no_word_of_how_the_project_is_worked_on():
             hits += [f"{path.relative_to(REPO)}:{n}: {phrase!r} in {lines[n - 1].strip()[:100]}"
                      for n, phrase in workflow_words(text)]
     assert hits == []
+
+
+#: The packages whose modules the API pages render, each on docs/api/<package>.md.
+API_PACKAGES = ("models", "modules", "criterions", "tasks", "cli")
+
+
+def test_every_module_of_the_public_packages_is_on_its_api_page():
+    missing = [f"fairseq_widearch.{package}.{path.stem}" for package in API_PACKAGES
+               for path in sorted((REPO / "fairseq_widearch" / package).glob("[!_]*.py"))
+               if f"::: fairseq_widearch.{package}.{path.stem}\n" not in (REPO / "docs" / "api" / f"{package}.md").read_text()]
+    assert missing == []

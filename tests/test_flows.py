@@ -19,10 +19,9 @@ import pytest
 import torch
 
 from fairseq_widearch.experiments.settings import criterion
-from testing_utils import REPO
+from testing_utils import PLUGIN_ARCHS, REPO
 
-ARCHS = ("multipath_transformer", "widenet", "scalable_transformer", "latent_depth_transformer", "partialformer")
-PAGES = {arch: REPO / "docs" / f"{arch}.md" for arch in ARCHS}
+PAGES = {arch: REPO / "docs" / f"{arch}.md" for arch in PLUGIN_ARCHS}
 SLICE = {"train": 200, "valid": 20, "test": 20}  # sentence pairs per split
 UPDATES = 2
 #: Commands that start a training, a decoding, an export or an average.
@@ -31,7 +30,7 @@ RUNS = re.compile(r"fairseq-(train|generate|interactive|hydra-train)\b|torchrun|
                   r"fairseq_widearch\.experiments|bash benchmarks/")
 #: Blocks run below, each by a phrase only it holds: page -> phrases.
 FLOWS = {"README.md": ["fairseq-preprocess --source-lang en"],
-         **{f"docs/{arch}.md": ["sacrebleu raw/test.de"] for arch in ARCHS},
+         **{f"docs/{arch}.md": ["sacrebleu raw/test.de"] for arch in PLUGIN_ARCHS},
          "docs/scalable_transformer.md": ["sacrebleu raw/test.de", "--distill-stage 3"],
          "docs/latent_depth_transformer.md": ["sacrebleu raw/test.de", "--tgt de,fr,cs"],
          "docs/deploy.md": ["prune_latent_layers"],

@@ -11,10 +11,7 @@ from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
 from fairseq_widearch.experiments.settings import criterion
-from testing_utils import REPO, fairseq
-
-PRESETS = ["multipath_transformer_multi30k", "widenet_multi30k", "scalable_transformer_multi30k",
-           "latent_depth_transformer_multi30k", "partialformer_multi30k"]
+from testing_utils import MULTI30K_PRESETS, REPO, fairseq
 
 
 def hydra_train(data, save, preset, *overrides):
@@ -40,7 +37,7 @@ def set_by_the_preset(preset: str, criterion_name: str, **given) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", MULTI30K_PRESETS)
 def test_each_preset_trains_from_the_yaml_config(preset, multi30k_slice_bin, tmp_path, monkeypatch):
     monkeypatch.setenv("PWD", str(REPO))  # the config's paths are the repository root's
     saved = hydra_train(multi30k_slice_bin, tmp_path, preset)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from testing_utils import REPO, benchmark
+from testing_utils import MULTI30K_PRESETS, REPO, benchmark
 
 #: preset -> (its operators, its twin's) in one training step, as counted when last changed; the
 #: twin's encoder depth is the one of equal training FLOPs.
@@ -24,7 +24,7 @@ MARGIN = 0.005
 
 @pytest.fixture(scope="module")
 def counted():
-    return benchmark("operator_counts", "--systems", ";".join(RECORDED))
+    return benchmark("operator_counts", "--systems", ";".join(MULTI30K_PRESETS))
 
 
 #: The committed cost table (docs/benchmarks.md, "Cost per FLOP"), every preset's row.
@@ -48,11 +48,13 @@ def test_the_committed_table_counts_what_the_code_runs(counted):
     assert counted["moe_layer"] == TABLE["moe_layer"]
 
 
-@pytest.mark.parametrize("preset", RECORDED)
+@pytest.mark.parametrize("preset", MULTI30K_PRESETS)
 def test_a_training_step_runs_at_most_the_twins_operators_and_host_waits(preset, counted):
-    mine, twin = RECORDED[preset]
+    """Every architecture's Multi30k preset; the recorded ones also within ``MARGIN`` of their record."""
     train = counted[preset]["train"]
-    assert train["operators"] / train["twin"]["operators"] == pytest.approx(mine / twin, rel=MARGIN), train
+    if preset in RECORDED:
+        mine, twin = RECORDED[preset]
+        assert train["operators"] / train["twin"]["operators"] == pytest.approx(mine / twin, rel=MARGIN), train
     assert train["operators"] <= OPERATORS * train["twin"]["operators"], train
     assert train["host_waits"] <= train["twin"]["host_waits"], train
 

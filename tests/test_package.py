@@ -103,3 +103,13 @@ def test_setup_py_declares_the_pythons_it_installs_on():
     from packaging.specifiers import SpecifierSet
     spec = SpecifierSet(re.search(r'python_requires="([^"]+)"', (REPO / "setup.py").read_text()).group(1))
     assert "3.11" in spec and "3.12" in spec and "3.13" not in spec and sys.version.split()[0] in spec
+
+
+def test_the_experiments_never_import_the_command_line_tools():
+    """cli/ builds on experiments/ (counting, data, scoring), one way: what both need lies below them
+    (plotting, checkpoint_loading)."""
+    graph = _imports(Path(fairseq_widearch.__file__).parent)
+    assert "fairseq_widearch.experiments.counting" in graph["fairseq_widearch.cli.stats"]
+    upward = {(module, target) for module, targets in graph.items() if module.startswith("fairseq_widearch.experiments")
+              for target in targets if target.startswith("fairseq_widearch.cli")}
+    assert upward == set()

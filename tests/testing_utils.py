@@ -29,7 +29,7 @@ import prepare  # the recipes' own download (examples/multi30k)
 from fairseq_widearch.cli.export_subnet import build, export_model
 from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
 from fairseq_widearch.experiments.scoring import generate_args
-from fairseq_widearch.experiments.settings import criterion, tiny_cases
+from fairseq_widearch.experiments.settings import criterion, plugin_archs, tiny_cases
 from fairseq_widearch.model_builder import build_model, parse_arch_args
 from fairseq_widearch.models.base import use_causal_kernel
 
@@ -37,6 +37,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 BIN = Path(sys.executable).parent
 PLUGIN_MODELS = {cls for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_widearch")}
+#: The plugin's architectures by their model names (``--arch`` of the base preset), from fairseq's registry.
+PLUGIN_ARCHS = plugin_archs()
+#: Every architecture's Multi30k preset.
+MULTI30K_PRESETS = [f"{arch}_multi30k" for arch in PLUGIN_ARCHS]
 #: Every architecture the plugin registers, through its `_tiny` preset, and the flags each trains
 #: with beyond its arch (the scalable one under its own task, in stage 2).
 TINY_CASES = tiny_cases()

@@ -31,21 +31,40 @@ DEEP = ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normal
 #: The rows of presets.jsonl: name -> (the stats tool's arguments, the paper's parameter count in
 #: millions where a table of the paper gives one, the label of the pages' tables).
 PRESETS = {
-    **{f"widenet_{s}": (["--arch", f"widenet_{s}"], None, None) for s in "blh"},
+    "widenet_b": (["--arch", "widenet_b"], None, None),
+    "widenet_l": (["--arch", "widenet_l"], None, None),
+    "widenet_h": (["--arch", "widenet_h"], None, None),
     "widenet_wmt_en_de": (["--arch", "widenet_wmt_en_de"], None, None),
     "scalable_transformer_wmt_en_de": (["--arch", "scalable_transformer_wmt_en_de", "--vocab-size", "32768"], None, None),
-    **{f"multipath_transformer_{p}": (["--arch", f"multipath_transformer_{p}", "--vocab-size", "35000"], m, None)
-       for p, m in [("6l_2p", 80), ("12l_2p", 118), ("6l_4p", 118), ("12l_3p", 156), ("6l_6p", 156),
-                    ("24l_2p", 193), ("12l_4p", 193), ("6l_8p", 193)]},
-    **{f"deep{n}": ([*DEEP, "--encoder-layers", str(n), "--vocab-size", "35000"], m, f"`transformer` Deep{n} (pre-norm)")
-       for n, m in [(6, 62), (12, 80), (24, 118), (36, 156), (48, 193)]},
-    **{f"latent_depth_transformer_{p}": (["--arch", f"latent_depth_transformer_{p}", "--vocab-size", "33000"], m, None)
-       for p, m in [("lld_12_24", 135), ("lld_12_48", 211), ("llboth_36_36", 224), ("llboth_48_48", 287),
-                    ("llboth_64_64", 371)]},
-    **{f"partialformer_{p}": (["--arch", f"partialformer_{p}", "--vocab-size", v], m, None)
-       for p, v, m in [("6_6_d512_h24_16", "34040", 63), ("24_6_d512_h24_16", "34040", 115),
-                       ("24_6_d360_h24_16", "34040", 61), ("24_6_d360_h30_16", "34040", 68),
-                       ("24_6_d360_h8_8", "34040", 36), ("24_6_d320_h24_24", "19064", 48)]},
+    "multipath_transformer_6l_2p": (["--arch", "multipath_transformer_6l_2p", "--vocab-size", "35000"], 80, None),
+    "multipath_transformer_12l_2p": (["--arch", "multipath_transformer_12l_2p", "--vocab-size", "35000"], 118, None),
+    "multipath_transformer_6l_4p": (["--arch", "multipath_transformer_6l_4p", "--vocab-size", "35000"], 118, None),
+    "multipath_transformer_12l_3p": (["--arch", "multipath_transformer_12l_3p", "--vocab-size", "35000"], 156, None),
+    "multipath_transformer_6l_6p": (["--arch", "multipath_transformer_6l_6p", "--vocab-size", "35000"], 156, None),
+    "multipath_transformer_24l_2p": (["--arch", "multipath_transformer_24l_2p", "--vocab-size", "35000"], 193, None),
+    "multipath_transformer_12l_4p": (["--arch", "multipath_transformer_12l_4p", "--vocab-size", "35000"], 193, None),
+    "multipath_transformer_6l_8p": (["--arch", "multipath_transformer_6l_8p", "--vocab-size", "35000"], 193, None),
+    "deep6": ([*DEEP, "--encoder-layers", "6", "--vocab-size", "35000"], 62, "`transformer` Deep6 (pre-norm)"),
+    "deep12": ([*DEEP, "--encoder-layers", "12", "--vocab-size", "35000"], 80, "`transformer` Deep12 (pre-norm)"),
+    "deep24": ([*DEEP, "--encoder-layers", "24", "--vocab-size", "35000"], 118, "`transformer` Deep24 (pre-norm)"),
+    "deep36": ([*DEEP, "--encoder-layers", "36", "--vocab-size", "35000"], 156, "`transformer` Deep36 (pre-norm)"),
+    "deep48": ([*DEEP, "--encoder-layers", "48", "--vocab-size", "35000"], 193, "`transformer` Deep48 (pre-norm)"),
+    "latent_depth_transformer_lld_12_24":
+        (["--arch", "latent_depth_transformer_lld_12_24", "--vocab-size", "33000"], 135, None),
+    "latent_depth_transformer_lld_12_48":
+        (["--arch", "latent_depth_transformer_lld_12_48", "--vocab-size", "33000"], 211, None),
+    "latent_depth_transformer_llboth_36_36":
+        (["--arch", "latent_depth_transformer_llboth_36_36", "--vocab-size", "33000"], 224, None),
+    "latent_depth_transformer_llboth_48_48":
+        (["--arch", "latent_depth_transformer_llboth_48_48", "--vocab-size", "33000"], 287, None),
+    "latent_depth_transformer_llboth_64_64":
+        (["--arch", "latent_depth_transformer_llboth_64_64", "--vocab-size", "33000"], 371, None),
+    "partialformer_6_6_d512_h24_16": (["--arch", "partialformer_6_6_d512_h24_16", "--vocab-size", "34040"], 63, None),
+    "partialformer_24_6_d512_h24_16": (["--arch", "partialformer_24_6_d512_h24_16", "--vocab-size", "34040"], 115, None),
+    "partialformer_24_6_d360_h24_16": (["--arch", "partialformer_24_6_d360_h24_16", "--vocab-size", "34040"], 61, None),
+    "partialformer_24_6_d360_h30_16": (["--arch", "partialformer_24_6_d360_h30_16", "--vocab-size", "34040"], 68, None),
+    "partialformer_24_6_d360_h8_8": (["--arch", "partialformer_24_6_d360_h8_8", "--vocab-size", "34040"], 36, None),
+    "partialformer_24_6_d320_h24_24": (["--arch", "partialformer_24_6_d320_h24_24", "--vocab-size", "19064"], 48, None),
 }
 
 

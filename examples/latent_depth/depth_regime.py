@@ -381,7 +381,7 @@ def save(fig, out: Path):
 def figure(args):
     """Fig. 2's plot: each decoder layer's gradient norm (log scale; the mean over seeds, dots per
     seed), one panel per update point, one line per system and setting."""
-    from fairseq_widearch.cli.plotting import pyplot
+    from fairseq_widearch.plotting import pyplot
     rows = read_rows(args.gradients_results)
     updates = sorted({r["update"] for r in rows})
     plt = pyplot()
@@ -430,7 +430,7 @@ def curves(args):
 
     Raises:
         SystemExit: if ``--results`` has no row of ``--systems``."""
-    from fairseq_widearch.cli.plotting import pyplot
+    from fairseq_widearch.plotting import pyplot
     rows = [r for r in read_rows(args.results) if r["system"] in args.systems]
     if not rows:
         raise SystemExit(f"no rows of {','.join(args.systems)} in {args.results}")

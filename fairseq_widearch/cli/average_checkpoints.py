@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-import fairseq_widearch  # noqa: F401  (allows loading fairseq checkpoints)
+from fairseq_widearch.checkpoint_loading import average_checkpoints
 from fairseq_widearch.cli import existing, whole
 
 #: How fairseq names a directory's interval checkpoints and its epoch checkpoints, by the number
@@ -41,23 +41,6 @@ def latest_checkpoints(directory: Path, count: int, by: str = "updates"):
     if len(found) < count:
         sys.exit(f"error: {directory} holds {len(found)} {name} files, fewer than {count}")
     return [path for _, path in found[-count:]]
-
-
-def average(paths) -> dict:
-    states = [torch.load(p, map_location="cpu") for p in paths]
-    names = list(states[-1]["model"])
-    for path, state in zip(paths, states):
-        if list(state["model"]) != names:
-            sys.exit(f"error: {path} does not hold the same parameters as {paths[-1]}")
-    averaged = {}
-    for name in names:
-        newest = states[-1]["model"][name]
-        if newest.is_floating_point():
-            total = sum(s["model"][name].double() for s in states)
-            averaged[name] = (total / len(states)).to(newest.dtype)
-        else:
-            averaged[name] = newest
-    return {**states[-1], "model": averaged, "last_optimizer_state": None}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -82,7 +65,10 @@ def main(argv=None):
         by_epochs = args.num_epoch_checkpoints is not None
         inputs = latest_checkpoints(inputs[0], args.num_epoch_checkpoints if by_epochs else args.num_update_checkpoints,
                                     "epochs" if by_epochs else "updates")
-    torch.save(average(inputs), args.out)
+    try:
+        torch.save(average_checkpoints(inputs), args.out)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
     print(f"| averaged {len(inputs)} checkpoints ({inputs[0].name} ... {inputs[-1].name}) -> {args.out}")
 
 

@@ -25,9 +25,9 @@ import torch
 from fairseq import checkpoint_utils
 
 import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading checkpoints)
-from fairseq_widearch.cli.plotting import pyplot
 from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.modules.moe import TopKRouter
+from fairseq_widearch.plotting import pyplot
 
 from . import existing, whole
 

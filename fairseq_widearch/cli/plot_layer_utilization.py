@@ -21,7 +21,7 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
 from fairseq_widearch.cli import existing
-from fairseq_widearch.cli.plotting import num_updates, pyplot
+from fairseq_widearch.plotting import num_updates, pyplot
 
 STACKS = ("encoder", "decoder")
 

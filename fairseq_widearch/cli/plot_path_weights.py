@@ -24,7 +24,7 @@ import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
 from fairseq_widearch.cli import existing
-from fairseq_widearch.cli.plotting import num_updates, pyplot
+from fairseq_widearch.plotting import num_updates, pyplot
 
 _FUSION = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn|ffn)\.fusion\.alpha$")
 SUBLAYERS = {"self_attn": "attention", "encoder_attn": "cross-attention", "ffn": "FFN"}

@@ -21,10 +21,10 @@ from typing import Dict, List
 
 import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading checkpoints)
 from fairseq_widearch.cli import existing, whole
-from fairseq_widearch.cli.plotting import pyplot
 from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.experiments.scoring import load_scalable, validation_nll
 from fairseq_widearch.modules.sub_transformers import width_set
+from fairseq_widearch.plotting import pyplot
 
 
 def read_bleu(path: str) -> Dict[str, Dict[int, float]]:

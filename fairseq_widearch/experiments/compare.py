@@ -43,26 +43,26 @@ from typing import Dict
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..cli.plotting import pyplot
+from ..plotting import pyplot
 from . import runner
 from .counting import alternating_rounds, count_macs, matmul_peak_flops, param_counts, sub_transformer_param_counts
 from .scoring import USER_DIR, corpus_bleu, generate
-from .settings import BODY, OPTIMISATION, PRE_NORM, criterion_flags
+from .settings import BODY, OPTIMISATION, PRE_NORM, criterion_flags, plugin_archs
 
-SCALABLE = ["--arch", "scalable_transformer_multi30k", "--encoder-embed-dim", "192", "--encoder-ffn-embed-dim",
-            "768", "--encoder-attention-heads", "3", "--decoder-attention-heads", "3",
-            "--scalable-widths", "64,128,192", "--width-dropout", "", "--task", "scalable_translation",
-            "--criterion", "scalable_self_distillation"]
-#: name -> fairseq-train flags. The transformer is the shared Multi30k body with 4 + 4 layers, so
-#: its parameter count (2.9M) sits with the wide models' (2.3-3.2M; the scalable model's 128-wide
+#: The comparison's flags beyond an architecture's ``_multi30k`` preset (the others: none).
+SETTINGS = {
+    "widenet": ["--moe-balance-weight", "0.01"],
+    "scalable_transformer": ["--encoder-embed-dim", "192", "--encoder-ffn-embed-dim", "768", "--encoder-attention-heads",
+                             "3", "--decoder-attention-heads", "3", "--scalable-widths", "64,128,192", "--width-dropout",
+                             "", "--task", "scalable_translation", "--criterion", "scalable_self_distillation"],
+}
+#: name -> fairseq-train flags: the transformer, then every architecture the plugin registers, at its
+#: ``_multi30k`` preset. The transformer is the shared Multi30k body with 4 + 4 layers, so its
+#: parameter count (2.9M) sits with the wide models' (2.3-3.2M; the scalable model's 128-wide
 #: sub-Transformer 3.0M, its widest 4.8M).
 SYSTEMS = {
     "transformer": ["--arch", "transformer", *BODY, "--encoder-layers", "4", "--decoder-layers", "4", *PRE_NORM],
-    "multipath_transformer": ["--arch", "multipath_transformer_multi30k"],
-    "widenet": ["--arch", "widenet_multi30k", "--moe-balance-weight", "0.01"],
-    "latent_depth_transformer": ["--arch", "latent_depth_transformer_multi30k"],
-    "partialformer": ["--arch", "partialformer_multi30k"],
-    "scalable_transformer": SCALABLE,
+    **{arch: ["--arch", f"{arch}_multi30k", *SETTINGS.get(arch, [])] for arch in plugin_archs()},
 }
 SCALABLE_WIDTHS = (64, 128, 192)
 #: Scalable Transformers train in stages (Gao et al. 2021, Sec. 3.3): stage 1 (Eq. 6) for this

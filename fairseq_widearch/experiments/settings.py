@@ -46,16 +46,28 @@ SCALABLE_STAGE2_TASK = ["--task", "scalable_translation", "--criterion", "scalab
                         "--distill-stage", "2"]
 
 
-def tiny_cases() -> dict:
-    """Every ``_tiny`` preset the plugin registers -> the flags it trains with beyond its arch: the
-    scalable one under its own task and self-distillation criterion in stage 2, the others none."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
+def plugin_archs() -> list:
+    """The plugin's architectures by their model names (each its base preset's ``--arch``), sorted,
+    from fairseq's registry: every list of architectures derives from it."""
+    from fairseq.models import MODEL_REGISTRY
 
     import fairseq_widearch  # noqa: F401  (registers the plugin's architectures)
 
-    archs = sorted(name for name, cls in ARCH_MODEL_REGISTRY.items()
-                   if cls.__module__.startswith("fairseq_widearch") and name.endswith("_tiny"))
-    return {arch: SCALABLE_STAGE2_TASK if arch.startswith("scalable") else [] for arch in archs}
+    return sorted(name for name, cls in MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_widearch"))
+
+
+def paper_presets() -> dict:
+    """Each architecture -> the preset of its paper's size the benchmarks measure (the model's
+    ``paper_preset``, else its base preset)."""
+    from fairseq.models import MODEL_REGISTRY
+
+    return {arch: MODEL_REGISTRY[arch].paper_preset or arch for arch in plugin_archs()}
+
+
+def tiny_cases() -> dict:
+    """Every architecture's ``_tiny`` preset -> the flags it trains with beyond its arch: the
+    scalable one under its own task and self-distillation criterion in stage 2, the others none."""
+    return {f"{arch}_tiny": SCALABLE_STAGE2_TASK if arch.startswith("scalable") else [] for arch in plugin_archs()}
 
 
 def criterion_flags(flags: Sequence[str]) -> List[str]:

@@ -39,8 +39,8 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 
 import torch
 
-from ..cli.average_checkpoints import average
-from ..cli.plotting import pyplot
+from ..checkpoint_loading import average_checkpoints
+from ..plotting import pyplot
 from . import runner
 from .claims import CLAIMS, Claim, System
 from .compare import bleu_summary
@@ -79,7 +79,7 @@ def average_last_epochs(save: Path) -> Path:
     epochs = sorted((int(m[1]), p) for p in save.glob("checkpoint*.pt") if (m := re.fullmatch(r"checkpoint(\d+)\.pt",
                                                                                               p.name)))
     out = save / "checkpoint_avg.pt"
-    torch.save(average([p for _, p in epochs[-AVERAGED:]]), out)
+    torch.save(average_checkpoints([p for _, p in epochs[-AVERAGED:]]), out)
     return out
 
 

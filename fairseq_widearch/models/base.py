@@ -106,6 +106,9 @@ class WideTransformerModel(TransformerModel):
     #: start-up (``fairseq_widearch.fairseq_fixes``). None: no auxiliary losses.
     auxiliary_criterion: Optional[str] = None
     auxiliary_losses = ""
+    #: The preset of the paper's own size that the benchmarks measure beside the ``_multi30k`` one
+    #: (benchmarks/training_utilisation.py, operator_counts.py); None: the base preset.
+    paper_preset: Optional[str] = None
 
     @classmethod
     def add_args(cls, parser):

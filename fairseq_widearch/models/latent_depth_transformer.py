@@ -308,6 +308,7 @@ class LatentDepthTransformerModel(WideTransformerModel):
     config = LatentDepthConfig
     auxiliary_criterion = "latent_depth_label_smoothed_cross_entropy"
     auxiliary_losses = "latent depth's KL and target-depth losses (Li et al. 2020, Eq. 8)"
+    paper_preset = "latent_depth_transformer_lld_12_24"
 
     base_preset = staticmethod(lambda args: latent_depth_transformer(args))  # registered below
     validate = staticmethod(validate_latent_depth_config)
@@ -375,13 +376,19 @@ def latent_depth_transformer(args):
     set_unset(args, latent_target_layers=target_depth(args))
 
 
-for _name, (_enc, _dec, _both) in {"lld_12_24": (12, 24, False), "lld_12_48": (12, 48, False),
-                                   "llboth_36_36": (36, 36, True), "llboth_48_48": (48, 48, True),
-                                   "llboth_64_64": (64, 64, True)}.items():
-    register_preset("latent_depth_transformer", f"latent_depth_transformer_{_name}", latent_depth_transformer,
-                    f"Li et al. 2020, Table 1: {'LL-Both' if _both else 'LL-D'}, {_enc}/{_dec} layers, K = "
-                    f"{_dec // 2}.", encoder_layers=_enc, decoder_layers=_dec, encoder_latent_layer=_both,
-                    decoder_latent_layer=True)
+def table1(name: str, encoder_layers: int, decoder_layers: int, both: bool):
+    """Register Table 1's row ``name``: latent decoder (LL-D), or latent encoder and decoder (LL-Both)."""
+    register_preset("latent_depth_transformer", name, latent_depth_transformer,
+                    f"Li et al. 2020, Table 1: {'LL-Both' if both else 'LL-D'}, {encoder_layers}/{decoder_layers} "
+                    f"layers, K = {decoder_layers // 2}.", encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+                    encoder_latent_layer=both, decoder_latent_layer=True)
+
+
+table1("latent_depth_transformer_lld_12_24", 12, 24, both=False)
+table1("latent_depth_transformer_lld_12_48", 12, 48, both=False)
+table1("latent_depth_transformer_llboth_36_36", 36, 36, both=True)
+table1("latent_depth_transformer_llboth_48_48", 48, 48, both=True)
+table1("latent_depth_transformer_llboth_64_64", 64, 64, both=True)
 
 
 register_preset("latent_depth_transformer", "latent_depth_transformer_o2m_12_24", latent_depth_transformer,

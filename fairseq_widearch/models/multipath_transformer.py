@@ -178,6 +178,7 @@ class MultiPathTransformerModel(WideTransformerModel):
     config = MultiPathTransformerConfig
     encoder_class = MultiPathTransformerEncoder
     decoder_class = MultiPathTransformerDecoder
+    paper_preset = "multipath_transformer_6l_4p"
 
     base_preset = staticmethod(lambda args: multipath_transformer(args))  # registered below
     validate = staticmethod(validate_multipath_config)
@@ -193,13 +194,22 @@ def multipath_transformer(args):
     base_architecture(args)
 
 
-TABLE2 = [(6, 2), (12, 2), (6, 4), (12, 3), (6, 6), (24, 2), (12, 4), (6, 8)]
-for _layers, _paths in TABLE2:  # Table 2 rows: L-layer P-path encoder, 6-layer decoder, shared vocabulary
-    register_preset("multipath_transformer", f"multipath_transformer_{_layers}l_{_paths}p", multipath_transformer,
-                    f"Lin et al. 2022, Table 2: {_layers}-layer {_paths}-path encoder, 6-layer decoder, α initialised "
+def table2(name: str, layers: int, paths: int):
+    """Register Table 2's row ``name``: an L-layer P-path encoder, 6-layer decoder, shared vocabulary."""
+    register_preset("multipath_transformer", name, multipath_transformer,
+                    f"Lin et al. 2022, Table 2: {layers}-layer {paths}-path encoder, 6-layer decoder, α initialised "
                     f"to 1/√(2n) as in Sec. 3.3.",
-                    encoder_layers=_layers, encoder_paths=_paths, share_all_embeddings=True,
-                    path_alpha_init="sqrt_2n")
+                    encoder_layers=layers, encoder_paths=paths, share_all_embeddings=True, path_alpha_init="sqrt_2n")
+
+
+table2("multipath_transformer_6l_2p", 6, 2)
+table2("multipath_transformer_12l_2p", 12, 2)
+table2("multipath_transformer_6l_4p", 6, 4)
+table2("multipath_transformer_12l_3p", 12, 3)
+table2("multipath_transformer_6l_6p", 6, 6)
+table2("multipath_transformer_24l_2p", 24, 2)
+table2("multipath_transformer_12l_4p", 12, 4)
+table2("multipath_transformer_6l_8p", 6, 8)
 
 
 @register_model_architecture("multipath_transformer", "multipath_transformer_multi30k")

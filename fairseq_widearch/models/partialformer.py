@@ -281,6 +281,7 @@ class PartialFormerModel(WideTransformerModel):
     config = PartialFormerConfig
     encoder_class = PartialFormerEncoder
     decoder_class = PartialFormerDecoder
+    paper_preset = "partialformer_24_6_d360_h30_16"
 
     base_preset = staticmethod(lambda args: partialformer(args))  # registered below
     validate = staticmethod(validate_partialformer_config)
@@ -304,21 +305,22 @@ def partialformer(args):
     base_architecture(args)
 
 
-#: name -> (encoder layers, d, encoder H, decoder H, source): H_0 = 8 Q/K heads, d_k = d / 8, 6 decoder layers.
-PAPER_PRESETS = {
-    "6_6_d512_h24_16": (6, 512, 24, 16, "Table 1, 63M"),
-    "24_6_d512_h24_16": (24, 512, 24, 16, "Table 1, 115M"),
-    "24_6_d360_h24_16": (24, 360, 24, 16, "Table 1, 61M"),
-    "24_6_d360_h30_16": (24, 360, 30, 16, "Tables 1, 5, 7, 68M"),
-    "24_6_d360_h8_8": (24, 360, 8, 8, "Tables 5, 7 'w/o head scaling', 36M"),
-    "24_6_d320_h24_24": (24, 320, 24, 24, "Table 3, WMT16 En-Ro, 48M"),
-}
-for _name, (_layers, _dim, _enc_heads, _dec_heads, _source) in PAPER_PRESETS.items():
-    register_preset("partialformer", f"partialformer_{_name}", partialformer,
-                    f"PartialFormer {_name.replace('_', ' ')} ({_source}): {_layers}-6 layers, d = {_dim}, d_k = "
-                    f"{_dim // 8}, H = {_enc_heads}-{_dec_heads} over H_0 = 8 Q/K heads.",
-                    encoder_layers=_layers, encoder_embed_dim=_dim, encoder_heads=_enc_heads,
-                    decoder_heads=_dec_heads)
+def paper_preset(name: str, layers: int, dim: int, encoder_heads: int, decoder_heads: int, source: str):
+    """Register the paper's model ``name``: ``layers`` encoder layers, 6 decoder layers, width ``dim``,
+    H = ``encoder_heads``-``decoder_heads`` over H_0 = 8 Q/K heads (d_k = d / 8)."""
+    register_preset("partialformer", name, partialformer,
+                    f"PartialFormer {name[len('partialformer_'):].replace('_', ' ')} ({source}): {layers}-6 layers, "
+                    f"d = {dim}, d_k = {dim // 8}, H = {encoder_heads}-{decoder_heads} over H_0 = 8 Q/K heads.",
+                    encoder_layers=layers, encoder_embed_dim=dim, encoder_heads=encoder_heads,
+                    decoder_heads=decoder_heads)
+
+
+paper_preset("partialformer_6_6_d512_h24_16", 6, 512, 24, 16, "Table 1, 63M")
+paper_preset("partialformer_24_6_d512_h24_16", 24, 512, 24, 16, "Table 1, 115M")
+paper_preset("partialformer_24_6_d360_h24_16", 24, 360, 24, 16, "Table 1, 61M")
+paper_preset("partialformer_24_6_d360_h30_16", 24, 360, 30, 16, "Tables 1, 5, 7, 68M")
+paper_preset("partialformer_24_6_d360_h8_8", 24, 360, 8, 8, "Tables 5, 7 'w/o head scaling', 36M")
+paper_preset("partialformer_24_6_d320_h24_24", 24, 320, 24, 24, "Table 3, WMT16 En-Ro, 48M")
 
 
 @register_model_architecture("partialformer", "partialformer_multi30k")

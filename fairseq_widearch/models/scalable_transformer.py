@@ -326,6 +326,7 @@ class ScalableTransformerModel(WideTransformerModel):
     config = ScalableTransformerConfig
     encoder_class = ScalableEncoder
     decoder_class = ScalableDecoder
+    paper_preset = "scalable_transformer_wmt_en_de"
 
     base_preset = staticmethod(lambda args: scalable_transformer(args))  # registered below
     validate = staticmethod(validate_scalable_config)

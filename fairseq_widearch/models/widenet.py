@@ -453,6 +453,7 @@ class WideNetModel(WideTransformerModel):
     decoder_class = WideNetDecoder
     auxiliary_criterion = "moe_label_smoothed_cross_entropy"
     auxiliary_losses = "WideNet's balance loss (Xue et al. 2022, Eq. 8)"
+    paper_preset = "widenet_wmt_en_de"
 
     base_preset = staticmethod(lambda args: widenet(args))  # registered below
     validate = staticmethod(validate_widenet_config)
@@ -496,13 +497,18 @@ def widenet_wmt_en_de(args):
     widenet(args)
 
 
-for _name, (_dim, _heads, _ffn, _blocks) in {"b": (768, 12, 4096, 12), "l": (1024, 16, 4096, 24),
-                                              "h": (1280, 16, 5120, 32)}.items():
-    register_preset("widenet", f"widenet_{_name}", widenet,
-                    f"Xue et al. 2022, WideNet-{_name.upper()} body (ViT widths, Sec. 4.1) in both stacks: d = {_dim}, "
-                    f"{_heads} heads, FFN {_ffn}, {_blocks} blocks, E = 4, K = 2.",
-                    encoder_embed_dim=_dim, encoder_attention_heads=_heads, encoder_ffn_embed_dim=_ffn,
-                    encoder_layers=_blocks, decoder_attention_heads=_heads, decoder_layers=_blocks)
+def vit_body(name: str, size: str, dim: int, heads: int, ffn: int, blocks: int):
+    """Register ``name``: WideNet-``size``'s body (ViT widths, Sec. 4.1) in both stacks."""
+    register_preset("widenet", name, widenet,
+                    f"Xue et al. 2022, WideNet-{size} body (ViT widths, Sec. 4.1) in both stacks: d = {dim}, "
+                    f"{heads} heads, FFN {ffn}, {blocks} blocks, E = 4, K = 2.",
+                    encoder_embed_dim=dim, encoder_attention_heads=heads, encoder_ffn_embed_dim=ffn,
+                    encoder_layers=blocks, decoder_attention_heads=heads, decoder_layers=blocks)
+
+
+vit_body("widenet_b", "B", 768, 12, 4096, 12)
+vit_body("widenet_l", "L", 1024, 16, 4096, 24)
+vit_body("widenet_h", "H", 1280, 16, 5120, 32)
 
 
 @register_model_architecture("widenet", "widenet_multi30k")

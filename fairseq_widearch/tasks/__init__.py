@@ -1,5 +1,7 @@
-"""Tasks."""
-from . import scalable_translation
-from .scalable_translation import ScalableTranslationTask
+"""Tasks: every module of this folder is imported, as fairseq imports its own tasks, and so
+registers its task with fairseq."""
+import importlib
+import pkgutil
 
-__all__ = ["scalable_translation", "ScalableTranslationTask"]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -58,8 +58,10 @@ PRECISIONS = {"fp16": ["--fp16"], "memory_efficient_fp16": ["--memory-efficient-
 #: with their decoding (each 600 updates and four decodes); 11-16: the short trainings of the archs
 #: never reached before; 17-27: the model-level checks (seconds each), after a decoding unit;
 #: 28-31: the other short trainings, after a short one.
-ARCH_ORDER = ("scalable_transformer_tiny", "widenet_tiny", "latent_depth_transformer_tiny", "partialformer_tiny",
-              "multipath_transformer_tiny")
+#: The archs measured, slowest first; another (a new one) follows them until measured.
+SLOWEST_FIRST = ("scalable_transformer_tiny", "widenet_tiny", "latent_depth_transformer_tiny", "partialformer_tiny",
+                 "multipath_transformer_tiny")
+ARCH_ORDER = (*SLOWEST_FIRST, *(arch for arch in TINY_ARCHS if arch not in SLOWEST_FIRST))
 DECODED = ("fp16", "bf16")
 
 

@@ -1,4 +1,5 @@
-"""What the ``plot_*`` tools share: a headless pyplot and the checkpoint's training step."""
+"""What the plotting tools and the experiments share: a headless pyplot and a checkpoint's training
+step."""
 import logging
 import sys
 
