@@ -113,3 +113,15 @@ def test_the_experiments_never_import_the_command_line_tools():
     upward = {(module, target) for module, targets in graph.items() if module.startswith("fairseq_widearch.experiments")
               for target in targets if target.startswith("fairseq_widearch.cli")}
     assert upward == set()
+
+
+def test_the_modules_refuse_their_own_arguments_and_the_config_validation_the_flags():
+    """A module (fairseq_widearch/modules) raises naming its own arguments; the command-line flags are
+    named by the config validation alone (each model's ``validate``, fairseq_widearch/validation.py)."""
+    flags = []
+    for path in sorted((Path(fairseq_widearch.__file__).parent / "modules").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise):
+                texts = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+                flags += [f"{path.name}:{node.lineno}" for text in texts if re.search(r"(^|\s)--[a-z]", text)]
+    assert flags == []

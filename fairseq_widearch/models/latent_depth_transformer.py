@@ -294,6 +294,9 @@ def validate_latent_depth_config(args):
     # LayerSelect is itself a learned layer drop; fairseq's random one would misalign z_l and layer l
     reject_unapplied(args, "latent_depth_transformer", "encoder_layerdrop", "decoder_layerdrop", "cross_self_attention")
     require(0 < args.latent_threshold < 1, f"--latent-threshold must be in (0, 1), got {args.latent_threshold}")
+    require(args.latent_temperature > 0 and args.latent_min_temperature > 0,
+            f"--latent-temperature and --latent-min-temperature must be > 0, got {args.latent_temperature} and "
+            f"{args.latent_min_temperature}")
     pairs, langtoks = args.latent_lang_pairs, args.latent_pair_langtoks
     require(len(pairs.split(",")) == len(langtoks.split(",")) if pairs else not langtoks,
             f"--latent-pair-langtoks {langtoks!r} needs one token per pair of --latent-lang-pairs {pairs!r}")

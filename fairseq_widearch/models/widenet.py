@@ -428,7 +428,9 @@ def validate_widenet_config(args):
     require_positive(args, "moe_experts", "moe_top_k")
     require(args.moe_top_k <= args.moe_experts,
             f"--moe-top-k {args.moe_top_k} exceeds --moe-experts {args.moe_experts}")
-    # the capacity factors are checked where they are used (TopKRouter, at build)
+    require(args.moe_capacity_factor > 0, f"--moe-capacity-factor must be > 0, got {args.moe_capacity_factor}")
+    require(args.moe_eval_capacity_factor >= 0,
+            f"--moe-eval-capacity-factor must be >= 0 (0: no limit), got {args.moe_eval_capacity_factor}")
     require(not (args.widenet_dense_ffn and args.widenet_router_per_block),
             "--widenet-router-per-block needs the MoE layer; it cannot go with --widenet-dense-ffn")
     groups = args.widenet_routing_groups

@@ -109,12 +109,11 @@ class LayerSelect(nn.Module):
         if num_layers < 1 or num_posteriors < 1:
             raise ValueError(f"LayerSelect needs >= 1 layers and posteriors, got {num_layers} and {num_posteriors}")
         if temperature <= 0 or min_temperature <= 0:
-            raise ValueError(f"--latent-temperature and --latent-min-temperature must be > 0, got {temperature} "
-                             f"and {min_temperature}")
+            raise ValueError(f"temperature and min_temperature must be > 0, got {temperature} and {min_temperature}")
         if inference not in INFERENCE_MODES:
-            raise ValueError(f"--latent-inference must be one of {INFERENCE_MODES}, got {inference!r}")
+            raise ValueError(f"inference must be one of {INFERENCE_MODES}, got {inference!r}")
         if not 0 < threshold < 1:
-            raise ValueError(f"--latent-threshold must be in (0, 1), got {threshold}")
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
         self.logits = nn.Parameter(torch.full((num_posteriors, num_layers), float(logit_init)))
         self.temperature, self.min_temperature = temperature, min_temperature
         self.temperature_anneal_updates, self.soft_updates = temperature_anneal_updates, soft_updates

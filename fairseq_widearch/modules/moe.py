@@ -115,17 +115,17 @@ class TopKRouter(nn.Module):
                  routing: str = "released", init: str = "released"):
         super().__init__()
         if num_experts < 1:
-            raise ValueError(f"--moe-experts must be >= 1, got {num_experts}")
+            raise ValueError(f"num_experts must be >= 1, got {num_experts}")
         if not 1 <= top_k <= num_experts:
-            raise ValueError(f"--moe-top-k must be in [1, --moe-experts={num_experts}], got {top_k}")
+            raise ValueError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
         if capacity_factor <= 0:
-            raise ValueError(f"--moe-capacity-factor must be > 0, got {capacity_factor}")
+            raise ValueError(f"capacity_factor must be > 0, got {capacity_factor}")
         if eval_capacity_factor < 0:
-            raise ValueError(f"--moe-eval-capacity-factor must be >= 0 (0: no limit), got {eval_capacity_factor}")
+            raise ValueError(f"eval_capacity_factor must be >= 0 (0: no limit), got {eval_capacity_factor}")
         if routing not in ROUTINGS:
-            raise ValueError(f"--moe-routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
         if init not in EXPERT_FORMS:
-            raise ValueError(f"--widenet-experts must be one of {', '.join(EXPERT_FORMS)}, got {init!r}")
+            raise ValueError(f"init must be one of {', '.join(EXPERT_FORMS)}, got {init!r}")
         self.num_experts, self.top_k = num_experts, top_k
         self.capacity_factor, self.eval_capacity_factor = capacity_factor, eval_capacity_factor
         self.noise, self.renormalize, self.routing = noise, renormalize, routing

@@ -184,9 +184,9 @@ class PathFusion(nn.Module):
                  alpha_init: str = "sqrt_features", more_features: bool = True, dropout: float = 0.0):
         super().__init__()
         if path_weights not in PATH_WEIGHTS:
-            raise ValueError(f"--path-weights must be one of {PATH_WEIGHTS}, got {path_weights!r}")
+            raise ValueError(f"path_weights must be one of {PATH_WEIGHTS}, got {path_weights!r}")
         if alpha_init not in ALPHA_INIT:
-            raise ValueError(f"--path-alpha-init must be one of {ALPHA_INIT}, got {alpha_init!r}")
+            raise ValueError(f"alpha_init must be one of {ALPHA_INIT}, got {alpha_init!r}")
         self.num_paths = num_paths
         self.more_features = more_features and num_paths >= 3
         self.num_features = 2 * num_paths if self.more_features else num_paths

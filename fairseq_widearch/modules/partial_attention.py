@@ -99,7 +99,7 @@ class PGFFN(nn.Module):
                  gate_gain: Optional[float] = None):
         super().__init__()
         if gate_activation is not None and gate_activation not in GATE_ACTIVATIONS:
-            raise ValueError(f"--head-gate-activation must be one of {GATE_ACTIVATIONS}, got {gate_activation!r}")
+            raise ValueError(f"gate_activation must be one of {GATE_ACTIVATIONS}, got {gate_activation!r}")
         self.fc1 = nn.Linear(head_dim, hidden_dim) if hidden_dim else None
         self.fc2 = nn.Linear(hidden_dim, head_dim) if hidden_dim else None
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)

@@ -87,9 +87,9 @@ def test_one_posterior_per_language_pair_and_each_sentence_gets_its_pairs_sample
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(temperature=0.0), "--latent-temperature and --latent-min-temperature must be > 0"),
-    (dict(inference="sample"), "--latent-inference must be one of"),
-    (dict(threshold=1.0), "--latent-threshold must be in \\(0, 1\\)"),
+    (dict(temperature=0.0), "temperature and min_temperature must be > 0"),
+    (dict(inference="sample"), "inference must be one of"),
+    (dict(threshold=1.0), "threshold must be in \\(0, 1\\)"),
 ])
 def test_invalid_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):

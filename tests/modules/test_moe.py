@@ -287,10 +287,10 @@ def test_reused_routing_routes_nothing_again():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(experts=2, k=3), "--moe-top-k must be in [1, --moe-experts=2], got 3"),
-    (dict(experts=0, k=1), "--moe-experts must be >= 1, got 0"),
-    (dict(capacity_factor=0.0), "--moe-capacity-factor must be > 0, got 0.0"),
-    (dict(eval_capacity_factor=-1.0), "--moe-eval-capacity-factor must be >= 0"),
+    (dict(experts=2, k=3), "top_k must be in [1, num_experts=2], got 3"),
+    (dict(experts=0, k=1), "num_experts must be >= 1, got 0"),
+    (dict(capacity_factor=0.0), "capacity_factor must be > 0, got 0.0"),
+    (dict(eval_capacity_factor=-1.0), "eval_capacity_factor must be >= 0"),
 ])
 def test_invalid_router_configs(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
