@@ -15,6 +15,9 @@ help_asked() {
 
 die() { echo "error: $*" >&2; exit 2; }
 
+# need_value NAME VALUE: the option NAME was given a value (not the end of the command line)
+need_value() { [ -n "$2" ] || die "argument $1: expected a value"; }
+
 # need_dir NAME VALUE: VALUE is an existing directory
 need_dir() { [ -d "$2" ] || die "argument $1: takes an existing directory, got '$2'"; }
 

@@ -334,8 +334,8 @@ def name_unreadable_checkpoints(load):
     """A checkpoint cut short or corrupted stops resuming and decoding with torch's zip or pickle
     error, which names neither the file nor the cause.
 
-    ``load_checkpoint_to_cpu`` (resume, generate, interactive, the hub) raises
-    ``checkpoint_loading.CheckpointReadError`` naming the file instead; a class refused by
+    ``load_checkpoint_to_cpu`` (resume, generate, interactive, the hub) ends a fairseq program in one
+    line naming the file instead, and raises ``checkpoint_loading.CheckpointReadError`` elsewhere; a class refused by
     weights-only loading keeps torch's own error, which names the class."""
     from .checkpoint_loading import CheckpointReadError
 
@@ -349,7 +349,7 @@ def name_unreadable_checkpoints(load):
             if "GLOBAL" in str(error):  # a class refused by weights-only loading: torch names it
                 raise
             reason = str(error).strip().splitlines()[0] if str(error).strip() else "unexpected end of file"
-            raise CheckpointReadError(f"cannot read checkpoint {path} (truncated or corrupted?): {reason}") from None
+            refuse(f"cannot read checkpoint {path} (truncated or corrupted?): {reason}", CheckpointReadError)
 
     return load_checkpoint_to_cpu
 
@@ -381,17 +381,22 @@ def keep_last_batch(original):
     return batch_by_size
 
 
-def auxiliary_criterion_error(model, criterion) -> Optional[str]:
-    """Why ``criterion`` cannot train ``model`` (it would drop the model's auxiliary losses), or
-    None. A model names the criterion that adds its auxiliary losses in ``auxiliary_criterion``
-    (a registered criterion name; subclasses of that criterion qualify too)."""
+def registered_name(criterion) -> str:
+    """``criterion``'s ``--criterion`` name (its class name if it has none)."""
+    return next((key for key, cls in CRITERION_REGISTRY.items() if type(criterion) is cls), type(criterion).__name__)
+
+
+def training_criterion_error(task, model, criterion) -> Optional[str]:
+    """Why ``criterion`` cannot train ``model`` under ``task``, or None: it would drop the model's
+    auxiliary losses (the model names the criterion that adds them in ``auxiliary_criterion``), or
+    the task trains with another (``training_criterion``). Each is a registered criterion name;
+    subclasses of that criterion qualify too."""
     model = getattr(model, "module", model)  # data-parallel wrappers
     needed = getattr(model, "auxiliary_criterion", None)
-    if needed is None or isinstance(criterion, CRITERION_REGISTRY[needed]):
-        return None
-    name = next((key for key, cls in CRITERION_REGISTRY.items() if type(criterion) is cls), type(criterion).__name__)
-    return (f"{model.auxiliary_losses} is part of the training objective, and --criterion {name} leaves it out: "
-            f"train with --criterion {needed}")
+    if needed is not None and not isinstance(criterion, CRITERION_REGISTRY[needed]):
+        return (f"--criterion {registered_name(criterion)} leaves out {model.auxiliary_losses}, part of the "
+                f"training objective: train with --criterion {needed}")
+    return getattr(task, "criterion_error", lambda _: None)(criterion)
 
 
 def alignments_for_criterion(model, criterion):
@@ -409,12 +414,12 @@ def require_auxiliary_criterion(original):
     target depth) trains without an error under a criterion that drops them.
 
     fairseq-train stops when its ``Trainer`` is built, naming the criterion to use
-    (``auxiliary_criterion_error``); the same hook lets the plugin's decoders compute alignments in
+    (``training_criterion_error``: also a task's own criterion); the same hook lets the plugin's decoders compute alignments in
     training where the criterion reads them (``alignments_for_criterion``)."""
 
     @functools.wraps(original)
     def __init__(self, cfg, task, model, criterion, *args, **kwargs):
-        error = auxiliary_criterion_error(model, criterion)
+        error = training_criterion_error(task, model, criterion)
         if error:
             refuse(error)
         alignments_for_criterion(model, criterion)
@@ -578,7 +583,7 @@ def torchrun_joins_one_group(original):
     a job stops at its start instead, naming the form that restarts (the c10d rendezvous with
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
 
-    Raises ValueError when ``--distributed-world-size`` differs from ``WORLD_SIZE`` and from its
+    Refuses (``validation.refuse``) when ``--distributed-world-size`` differs from ``WORLD_SIZE`` and from its
     default, and when torchrun may restart the workers of several machines sharing its store."""
 
     @functools.wraps(original)
@@ -589,13 +594,13 @@ def torchrun_joins_one_group(original):
             return original(cfg, force_distributed)
         world = int(os.environ["WORLD_SIZE"])
         if cfg.distributed_world_size not in (world, max(1, torch.cuda.device_count())):
-            raise ValueError(f"--distributed-world-size {cfg.distributed_world_size} under torchrun's "
-                             f"WORLD_SIZE={world}: leave the flag out (the workers torchrun starts are the group)")
+            refuse(f"--distributed-world-size {cfg.distributed_world_size} under torchrun's "
+                   f"WORLD_SIZE={world}: leave the flag out (the workers torchrun starts are the group)")
         shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         if (shared and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
                 and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
-            raise ValueError("torchrun --max-restarts on several machines sharing its rendezvous store: a restart "
-                             "would hang; run TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend c10d ...")
+            refuse("torchrun --max-restarts on several machines sharing its rendezvous store: a restart "
+                   "would hang; run TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend c10d ...")
         cfg.distributed_init_method = ATTEMPT_INIT_METHOD if shared else "env://"
         cfg.distributed_world_size, cfg.distributed_rank = world, int(os.environ["RANK"])
         cfg.distributed_num_procs = int(os.environ.get("LOCAL_WORLD_SIZE", world))

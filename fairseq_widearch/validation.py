@@ -14,29 +14,33 @@ class ConfigurationError(ValueError):
 
 
 def _under_fairseq_program() -> bool:
+    """Whether a fairseq program's entry point (``fairseq_cli.<tool>.cli_main``, which its console
+    script, ``python -m``, torchrun's workers and fairseq-hydra-train call) is on the stack; a script
+    that calls ``fairseq_cli.train.main`` itself is not one."""
     frame = sys._getframe()
     while frame is not None:
-        if os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _PROGRAMS:
+        code = frame.f_code
+        if code.co_name == "cli_main" and os.path.dirname(os.path.abspath(code.co_filename)) == _PROGRAMS:
             return True
         frame = frame.f_back
     return False
 
 
-def refuse(message: str):
-    """Refuse a configuration. Under a fairseq command-line program (a function of ``fairseq_cli`` on
-    the stack: fairseq-train, ``python -m fairseq_cli.train``, fairseq-generate, fairseq-hydra-train,
-    torchrun's workers) the program ends as fairseq's own argument errors end: the line
-    ``<program>: error: <message>`` on stderr, exit status 2, no traceback. Elsewhere (the hub, a
-    script building a model) it raises.
+def refuse(message: str, error: type = ConfigurationError):
+    """Refuse a configuration (or an input: ``error``). Under a fairseq command-line program
+    (fairseq-train, ``python -m fairseq_cli.train``, fairseq-generate, fairseq-hydra-train) the
+    program ends as fairseq's own argument errors end: the line ``<program>: error: <message>`` on
+    stderr, exit status 2, no traceback (under torchrun each worker ends so, and torchrun reports
+    their exit). Elsewhere (the hub, a script building a model) it raises ``error(message)``.
 
     Raises:
-        ConfigurationError: outside a fairseq command-line program.
+        ConfigurationError: (or ``error``) outside a fairseq command-line program.
         SystemExit: under one.
     """
     if _under_fairseq_program():
         print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr, flush=True)
         raise SystemExit(2)
-    raise ConfigurationError(message)
+    raise error(message) from None
 
 
 def _flag(name: str) -> str:

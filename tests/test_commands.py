@@ -113,6 +113,8 @@ class Shell:
             return False
         if name in TEST_VALUES and "$(" in value:  # computed at run time: the test's value stands
             return True
+        if re.search(r"\$\{?[0-9]", value):  # an option's value (`--arch) ARCH="$2"`): the default stands
+            return True
         if value.startswith("("):
             items = words(self.expand(value.strip()[1:-1]))
             self.arrays[name] = (self.arrays.get(name, []) if append else []) + items
@@ -280,9 +282,9 @@ def argparse_error(call) -> Optional[str]:
             if e.code == 0:  # --help printed
                 return None
             last = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {e.code}"
-            # an input the manual names but this checkout lacks (a checkpoint of the reader's run)
-            return None if re.search(r": takes (an existing file or directory|LABEL=CKPT, CKPT an existing)", last) \
-                else last
+            # an input (or an output's directory) the manual names but this checkout lacks: the reader's run
+            return None if re.search(r": takes (an existing (file|directory)|a path in an existing directory|"
+                                     r"LABEL=CKPT, CKPT an existing)", last) else last
     return "the tool ran without parsing any arguments"
 
 

@@ -17,7 +17,7 @@ from fairseq.data import data_utils
 from fairseq.tasks.translation import TranslationTask
 
 from fairseq_widearch import fairseq_fixes
-from fairseq_widearch.fairseq_fixes import DECODING, FIXES, TRAINING, auxiliary_criterion_error
+from fairseq_widearch.fairseq_fixes import DECODING, FIXES, TRAINING, training_criterion_error
 from fairseq_widearch.model_builder import build_model
 from fix_guards import ELSEWHERE, GUARDS, MATRIX, PLUGIN, PROCESSES, SENTENCES, dummy_runs
 from testing_utils import REPO, TINY_CASES, fairseq, train
@@ -241,9 +241,9 @@ def test_models_without_auxiliary_losses_train_with_any_criterion():
     criterion = LabelSmoothedCrossEntropyCriterion(SimpleNamespace(target_dictionary=None), False, 0.1)
     for arch, argv in [("widenet_tiny", ["--widenet-dense-ffn"]), ("multipath_transformer_tiny", []),
                        ("partialformer_tiny", [])]:
-        assert auxiliary_criterion_error(build_model(arch, argv, vocab_size=40), criterion) is None
-    assert "moe_label_smoothed_cross_entropy" in auxiliary_criterion_error(build_model("widenet_tiny", vocab_size=40),
-                                                                           criterion)
+        assert training_criterion_error(None, build_model(arch, argv, vocab_size=40), criterion) is None
+    assert "moe_label_smoothed_cross_entropy" in training_criterion_error(None, build_model("widenet_tiny", vocab_size=40),
+                                                                          criterion)
 
 
 #: A process that takes one batch of a BufferedIterator whose source is still collating (torch

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 from fairseq import options, tasks
 
+from fairseq_widearch.fairseq_fixes import training_criterion_error
 from fairseq_widearch.validation import ConfigurationError
 from testing_utils import (
     BIN,
@@ -49,13 +50,52 @@ def ends_in_one_line(out, program, message):
     assert out.stderr.rstrip("\n").splitlines()[-1] == f"{program}: error: {message}"
 
 
+def ended_in_this_process(out, program, message):
+    """In this process an exit status reads "<launcher> exited N", the tool's stderr after it."""
+    assert "exited 2" in out.stderr and out.stderr.rstrip("\n").endswith(f"{program}: error: {message}"), out.stderr
+
+
+@pytest.mark.parametrize("launcher,program", [("fairseq-train", "fairseq-train"), ("python -m fairseq_cli.train", "train.py")])
 @pytest.mark.parametrize("arch", sorted(TINY_CASES))
-def test_each_architectures_refusal_ends_fairseq_train_in_its_message_alone(arch, data, tmp_path):
+def test_each_architectures_refusal_ends_fairseq_train_in_its_message_alone(arch, launcher, program, data, tmp_path):
     args = trains(data, arch, *HEADS, "--save-dir", tmp_path)
     message = refused_here(args)
     assert "--encoder-attention-heads" in message
-    out = launch("fairseq-train", *args)  # in this process: an exit status reads "fairseq-train exited N"
-    assert "exited 2" in out.stderr and out.stderr.rstrip("\n").endswith(f"fairseq-train: error: {message}")
+    ended_in_this_process(launch(launcher, *args), program, message)
+
+
+def test_a_script_calling_fairseq_trains_main_gets_the_error_not_an_exit(data, tmp_path):
+    """Only a program's entry point (``cli_main``) ends in one line; ``fairseq_cli.train.main`` called
+    by a script raises, as the hub does."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import train as fairseq_train
+
+    args = trains(data, "multipath_transformer_tiny", *HEADS, "--save-dir", tmp_path)
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), args))
+    with pytest.raises(ConfigurationError, match="--encoder-attention-heads 3"):
+        fairseq_train.main(cfg)
+
+
+def test_a_task_refusal_ends_fairseq_hydra_train_in_one_line(data, tmp_path):
+    args = [str(a) for a in [data, "--user-dir", PLUGIN, "--arch", "transformer_tiny", "--task", "scalable_translation",
+                             "--criterion", "scalable_self_distillation", *TRAIN_FLAGS, "--max-update", 1,
+                             "--save-dir", tmp_path]]
+    ended_in_this_process(launch("fairseq-hydra-train", *args, tmp_path=tmp_path), "fairseq-hydra-train",
+                          "--task scalable_translation needs a scalable_transformer arch, not 'transformer_tiny'")
+
+
+def test_a_tasks_criterion_refusal_ends_fairseq_train_before_its_first_batch(data, tmp_path):
+    """The scalable task trains with its own criterion: refused when the trainer is built, not at the
+    first training step."""
+    args = [str(a) for a in [data, "--user-dir", PLUGIN, "--arch", "scalable_transformer_tiny", "--task",
+                             "scalable_translation", "--criterion", "label_smoothed_cross_entropy", *TRAIN_FLAGS,
+                             "--max-update", 1, "--save-dir", tmp_path]]
+    message = ("--task scalable_translation trains with --criterion scalable_self_distillation (its --distill-stage 1 "
+               "is label-smoothed CE for every sub-Transformer), not --criterion label_smoothed_cross_entropy")
+    parsed = options.parse_args_and_arch(options.get_training_parser(), args)
+    task = tasks.setup_task(parsed)
+    assert training_criterion_error(task, None, task.build_criterion(parsed)) == message  # what the trainer asks
+    ended_in_this_process(launch("fairseq-train", *args), "fairseq-train", message)
 
 
 def run(program, *args, cwd=None):
@@ -70,8 +110,8 @@ def test_the_programs_end_a_refusal_in_one_line_in_their_own_processes(data, tmp
     width the scalable model does not have."""
     out = run("fairseq-train", *trains(data, "widenet_tiny", "--criterion", "label_smoothed_cross_entropy",
                                        "--save-dir", tmp_path / "widenet"))
-    ends_in_one_line(out, "fairseq-train", "WideNet's balance loss (Xue et al. 2022, Eq. 8) is part of the training "
-                     "objective, and --criterion label_smoothed_cross_entropy leaves it out: train with --criterion "
+    ends_in_one_line(out, "fairseq-train", "--criterion label_smoothed_cross_entropy leaves out WideNet's balance loss "
+                     "(Xue et al. 2022, Eq. 8), part of the training objective: train with --criterion "
                      "moe_label_smoothed_cross_entropy")
     args = trains(data, "latent_depth_transformer_tiny", "--latent-target-layers", -1, "--save-dir", tmp_path / "hydra")
     out = run("fairseq-hydra-train", *hydra_config(args, tmp_path), cwd=tmp_path)

@@ -12,7 +12,8 @@ import urllib.error
 
 import pytest
 
-from testing_utils import LANGS, REPO, NoMulti30k, find_multi30k, prepare
+import prepare
+from testing_utils import LANGS, REPO, NoMulti30k, find_multi30k
 
 NAMES = ("train", "val", "test_2016_flickr")
 
@@ -96,7 +97,9 @@ def test_a_run_with_no_data_to_be_had_stops_at_the_first_test_that_needs_it_with
     for name in ("conftest.py", "testing_utils.py"):
         shutil.copy(REPO / "tests" / name, tests)
     shutil.copy(REPO / "examples" / "multi30k" / "prepare.py", examples)
-    (tests / "test_any.py").write_text("def test_a(multi30k_dir):\n    pass\n\n\ndef test_b():\n    pass\n")
+    shutil.copy(REPO / "pyproject.toml", tmp_path)  # (pytest's pythonpath)
+    (tests / "test_any.py").write_text("import pytest\n\n\n@pytest.mark.slow\ndef test_a(multi30k_dir):\n    pass\n\n\n"
+                                       "def test_b():\n    pass\n")
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("multi30k_dir", "no_proxy")}
     env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), https_proxy="http://127.0.0.1:9",
                HTTPS_PROXY="http://127.0.0.1:9")

@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 import fairseq_widearch.cli
+from fairseq_widearch.cli import existing_file
 from testing_utils import REPO, cli
 
 TOOLS = [f"fairseq_widearch.cli.{m.name}" for m in pkgutil.iter_modules(fairseq_widearch.cli.__path__)
@@ -37,10 +38,10 @@ def test_each_tool_answers_help_with_its_whole_usage(tool, flag):
     assert all(option in out.stdout for a in arguments(tool) for option in a.option_strings)
 
 
-#: The arguments that take any text: an output path (written, not read), a name among the data's or the
-#: model's (a subset, a language pair, an architecture: checked where it is looked up), the width
-#: choices (checked against the model), CTranslate2's weight type (checked by CTranslate2).
-FREE_TEXT = {"out", "subset", "lang_pair", "arch", "choices", "quantization"}
+#: The arguments that take any text: a name among the data's or the model's (a subset, checked against
+#: --data by ``check_subset``; a language pair and an architecture, checked where they are looked up),
+#: the width choices (checked against the model), CTranslate2's weight type (checked by CTranslate2).
+FREE_TEXT = {"subset", "lang_pair", "arch", "choices", "quantization"}
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -62,6 +63,19 @@ def test_each_checked_argument_refuses_a_wrong_value_in_one_line_naming_it(tool,
     named = flag or next(a.dest for a in arguments(tool) if a.type is kind)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert f"error: argument {named}: takes {kind.accepts}, got {kind.invalid!r}" in last, last
+
+
+SUBSET_TOOLS = [tool for tool in TOOLS if any("--subset" in a.option_strings for a in arguments(tool))]
+
+
+@pytest.mark.parametrize("tool", SUBSET_TOOLS)
+def test_a_subset_the_data_lacks_ends_in_one_line_before_any_work(tool, dummy_bin):
+    """(any existing file stands for a checkpoint: the split is checked before one is read)"""
+    files = [x for a in arguments(tool) if a.required and a.type is existing_file
+             for x in (a.option_strings[0], dummy_bin / "dict.en.txt")]
+    out = cli(tool, *files, "--data", dummy_bin, "--subset", "nosuch")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].endswith(f"error: argument --subset: {dummy_bin} holds no 'nosuch' split")
 
 
 # ---- the recipes: every examples/**/*.sh with a shebang (examples/args.sh, sourced by them, has none) ----
@@ -134,3 +148,38 @@ def test_every_script_that_takes_an_input_or_a_number_has_rows():
     """The usages the rows are read from name their arguments so: a recipe that reads data has a row."""
     takes = {s for s in SCRIPTS if re.search(r"DATA_BIN|--data-dir|\b[NMS]\]", usage_of(s))}
     assert "examples/widenet/multi30k.sh" in takes and {s for s, _, _ in ARGUMENTS} >= takes
+
+
+def options(script) -> list:
+    """(the options of the script's own ``case`` arms, whether each takes a value: ``shift 2``)."""
+    arms = re.findall(r"^\s*(--[a-z0-9-]+(?:\|--[a-z0-9-]+)*)\)(.*?);;", (REPO / script).read_text(), re.M | re.S)
+    return [(option, "shift 2" in body) for names, body in arms for option in names.split("|")]
+
+
+OPTIONS = [(script, option) for script in SCRIPTS for option, valued in options(script) if valued]
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if options(s)])
+def test_each_scripts_usage_names_every_option_it_takes(script):
+    usage = usage_of(script)
+    assert [option for option, _ in options(script) if option not in usage] == []
+
+
+@pytest.mark.parametrize("script,option", OPTIONS, ids=[f"{s} {o}" for s, o in OPTIONS])
+def test_an_option_given_without_its_value_ends_in_one_line_naming_it(script, option, tmp_path):
+    out = bash(script, option, tmp_path=tmp_path)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 2 and last.startswith(f"error: argument {option}: "), out.stderr[-2000:]
+    assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_scripts_usage_names_the_environment_variables_it_reads(script):
+    """A variable the script reads with a default (``${VAR:-...}``: where it writes, which preset)
+    is part of what it takes; the allocator's, which only tune speed, are not."""
+    text = (REPO / script).read_text()
+    own = {name for name, value in re.findall(r"^\s*([A-Z_]+)=(.*)$", text, re.M)
+           if not value.startswith(f'"${{{name}:-')}  # set by the script itself (from an option)
+    read = set(re.findall(r"\$\{([A-Z_]+):-", text)) - own - {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
+    usage = usage_of(script)
+    assert sorted(v for v in read if v not in usage) == []

@@ -25,7 +25,6 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from filelock import FileLock
 
 import fairseq_widearch  # noqa: F401  (registers the plugin and applies its fixes, as --user-dir does)
-import prepare  # the recipes' own download (examples/multi30k)
 from fairseq_widearch.cli.export_subnet import build, export_model
 from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
 from fairseq_widearch.experiments.scoring import generate_args
@@ -67,6 +66,8 @@ def find_multi30k(environ=os.environ, quickstart=QUICKSTART_RAW, cache=CACHE_RAW
     lacks; else the public release, downloaded once into ``cache`` (prepare.py's own download,
     which fetches only the files absent). Raises NoMulti30k, one line naming MULTI30K_DIR, where
     $MULTI30K_DIR lacks a file or a download is needed and fails."""
+    import prepare  # the recipes' own download (examples/multi30k)
+
     expected = f"{{{','.join(prepare.SPLITS.values())}}}.{{{','.join(langs)}}}"
     if environ.get("MULTI30K_DIR"):
         raw = Path(environ["MULTI30K_DIR"])

@@ -140,6 +140,18 @@ def span(name: str, field: str, digits: str, *conditions: str) -> str:
     return f"{min(found):.{digits}f}-{max(found):.{digits}f}"
 
 
+def one(name: str, field: str, *conditions: str) -> str:
+    """The value of ``field`` that every selected row shares (the machine of the quick start's runs).
+
+    Raises:
+        SystemExit: naming the values, where the rows differ.
+    """
+    found = {str(r[field]) for r in selected(name, conditions)}
+    if len(found) != 1:
+        raise SystemExit(f"rows of {name}.jsonl differ in {field}: {sorted(found)}")
+    return found.pop()
+
+
 def mean(name: str, field: str, *conditions: str) -> str:
     """The mean of ``field`` over the selected rows, to 3 decimals (a validation loss)."""
     return f"{statistics.mean(r[field] for r in selected(name, conditions)):.3f}"
@@ -299,7 +311,7 @@ def flag(source: str, name: str) -> str:
     return flags[flags.index(name) + 1]
 
 
-WRITERS = {writer.__name__: writer for writer in (fixes, flag, cost, bleu, gap, seed_gaps, value, speed, seed_span, span,
+WRITERS = {writer.__name__: writer for writer in (fixes, flag, cost, bleu, gap, seed_gaps, value, speed, seed_span, span, one,
                                                    mean, compare, claim, head_to_head, gpu_report, stats, sizes, gpu_estimate)}
 
 

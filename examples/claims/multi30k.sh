@@ -7,6 +7,8 @@
 #   bash examples/claims/multi30k.sh [--claims multipath,widenet,scalable,latent_depth,partialformer]
 #        [--jobs N] [--device cpu|cuda] [--work-dir DIR] [--data-dir DIR] [--results FILE] [--figures DIR]
 #        [--progress]
+#
+# VENV: the virtualenv to use, made if absent (default ./.venv).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -18,11 +20,11 @@ VENV="${VENV:-$ROOT/.venv}"
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --data-dir) need_dir "$1" "$2"; DATA_DIR="$2"; shift 2 ;;
-    --work-dir) WORK="$2"; shift 2 ;;
-    --jobs) ARGS+=("$1" "$2"); need_whole "$1" "$2" 1; shift 2 ;;
-    --device) ARGS+=("$1" "$2"); need_one_of "$1" "$2" cpu cuda; shift 2 ;;
-    --claims|--results|--figures) ARGS+=("$1" "$2"); shift 2 ;;
+    --data-dir) need_dir "$1" "${2-}"; DATA_DIR="$2"; shift 2 ;;
+    --work-dir) need_value "$1" "${2-}"; WORK="$2"; shift 2 ;;
+    --jobs) need_whole "$1" "${2-}" 1; ARGS+=("$1" "$2"); shift 2 ;;
+    --device) need_one_of "$1" "${2-}" cpu cuda; ARGS+=("$1" "$2"); shift 2 ;;
+    --claims|--results|--figures) need_value "$1" "${2-}"; ARGS+=("$1" "$2"); shift 2 ;;
     --progress) ARGS+=("$1"); shift ;;
     *) die "unknown option $1 (see --help)" ;;
   esac

@@ -11,6 +11,8 @@
 #
 # 6 x 2 runs (docs/results.md gives each run's wall time; python -m fairseq_widearch.experiments.compare). Running
 # it again skips the runs --results holds and resumes an interrupted training.
+#
+# VENV: the virtualenv to use, made if absent (default ./.venv).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -22,12 +24,12 @@ VENV="${VENV:-$ROOT/.venv}"
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --data-dir) need_dir "$1" "$2"; DATA_DIR="$2"; shift 2 ;;
-    --work-dir) WORK="$2"; shift 2 ;;
-    --max-update|--jobs) ARGS+=("$1" "$2"); need_whole "$1" "$2" 1; shift 2 ;;
-    --minutes) ARGS+=("$1" "$2"); need_positive "$1" "$2"; shift 2 ;;
-    --device) ARGS+=("$1" "$2"); need_one_of "$1" "$2" cpu cuda; shift 2 ;;
-    --seeds|--results|--throughput|--figure|--systems) ARGS+=("$1" "$2"); shift 2 ;;
+    --data-dir) need_dir "$1" "${2-}"; DATA_DIR="$2"; shift 2 ;;
+    --work-dir) need_value "$1" "${2-}"; WORK="$2"; shift 2 ;;
+    --max-update|--jobs) need_whole "$1" "${2-}" 1; ARGS+=("$1" "$2"); shift 2 ;;
+    --minutes) need_positive "$1" "${2-}"; ARGS+=("$1" "$2"); shift 2 ;;
+    --device) need_one_of "$1" "${2-}" cpu cuda; ARGS+=("$1" "$2"); shift 2 ;;
+    --seeds|--results|--throughput|--figure|--systems) need_value "$1" "${2-}"; ARGS+=("$1" "$2"); shift 2 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done

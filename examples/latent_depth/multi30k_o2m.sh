@@ -21,6 +21,8 @@
 # anchor sampled (default: a fresh layer subset at every decoder step, its only mode) or all (every
 # layer on). Language pairs are identified by --encoder-langtok tgt. Ours keeps a checkpoint every
 # 100 updates for python -m fairseq_widearch.cli.plot_layer_utilization.
+#
+# VENV: the virtualenv to use, made if absent (default ./.venv).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -37,14 +39,14 @@ WORK="$ROOT/runs/multi30k_o2m"
 VENV="${VENV:-$ROOT/.venv}"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --impl) need_one_of "$1" "$2" ours anchor anchor_initialised; IMPL="$2"; shift 2 ;;
-    --objective) need_one_of "$1" "$2" ours released; OBJECTIVE="$2"; shift 2 ;;
-    --seed) need_whole "$1" "$2" 0; SEED="$2"; shift 2 ;;
-    --max-update) need_whole "$1" "$2" 1; MAX_UPDATE="$2"; shift 2 ;;
-    --minutes) need_positive "$1" "$2"; MINUTES="$2"; shift 2 ;;
-    --decode) DECODE="$2"; shift 2 ;;
-    --work-dir) WORK="$2"; shift 2 ;;
-    --data-dir) need_dir "$1" "$2"; DATA_DIR="$2"; shift 2 ;;
+    --impl) need_one_of "$1" "${2-}" ours anchor anchor_initialised; IMPL="$2"; shift 2 ;;
+    --objective) need_one_of "$1" "${2-}" ours released; OBJECTIVE="$2"; shift 2 ;;
+    --seed) need_whole "$1" "${2-}" 0; SEED="$2"; shift 2 ;;
+    --max-update) need_whole "$1" "${2-}" 1; MAX_UPDATE="$2"; shift 2 ;;
+    --minutes) need_positive "$1" "${2-}"; MINUTES="$2"; shift 2 ;;
+    --decode) need_value "$1" "${2-}"; DECODE="$2"; shift 2 ;;
+    --work-dir) need_value "$1" "${2-}"; WORK="$2"; shift 2 ;;
+    --data-dir) need_dir "$1" "${2-}"; DATA_DIR="$2"; shift 2 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done

@@ -17,6 +17,8 @@
 # near-discrete: prune_latent_layers (it warns when q is not) gives that model, whose decoding
 # equals the latent model's hard selection (its latent_inference set to hard through
 # fairseq-generate's --model-overrides).
+#
+# SAVE: the checkpoints' directory (default checkpoints/$ARCH).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"  # runs from any directory
 source "$ROOT/examples/args.sh"

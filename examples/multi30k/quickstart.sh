@@ -11,6 +11,8 @@
 #    (default 1320, 10 epochs: a budget in updates gives the documented result on a busy or an
 #    idle machine), stopping earlier only at M minutes (default 60), which it then reports;
 # 4. decodes test_2016 with beam search via fairseq-generate and prints sacreBLEU + signature.
+#
+# VENV: the virtualenv to use, made if absent (default ./.venv).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -25,12 +27,12 @@ VENV="${VENV:-$ROOT/.venv}"
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --data-dir) need_dir "$1" "$2"; DATA_DIR="$2"; shift 2 ;;
-    --updates) need_whole "$1" "$2" 1; UPDATES="$2"; shift 2 ;;
+    --data-dir) need_dir "$1" "${2-}"; DATA_DIR="$2"; shift 2 ;;
+    --updates) need_whole "$1" "${2-}" 1; UPDATES="$2"; shift 2 ;;
     # fairseq-train reads --stop-time-hours 0 (or less) as "no limit": a positive number
-    --minutes) need_positive "$1" "$2"; MINUTES="$2"; shift 2 ;;
-    --arch) ARCH="$2"; shift 2 ;;
-    --work-dir) WORK="$2"; shift 2 ;;
+    --minutes) need_positive "$1" "${2-}"; MINUTES="$2"; shift 2 ;;
+    --arch) need_value "$1" "${2-}"; ARCH="$2"; shift 2 ;;
+    --work-dir) need_value "$1" "${2-}"; WORK="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); set --; break ;;  # the rest is fairseq-train's, not setup.sh's
     *) die "unknown option $1 (see --help)" ;;
   esac

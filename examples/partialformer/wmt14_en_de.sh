@@ -13,6 +13,8 @@
 # (https://github.com/facebookresearch/fairseq/tree/main/examples/translation), not in the installed
 # wheel: fetch it from there. By default it prepares WMT'17 training data (newstest2014 as test);
 # its --icml17 option gives the WMT'14 data of Vaswani et al., which the papers' tables use.
+#
+# SAVE: the checkpoints' directory (default checkpoints/$ARCH).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"  # runs from any directory
 source "$ROOT/examples/args.sh"

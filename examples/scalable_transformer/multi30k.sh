@@ -14,6 +14,8 @@
 # 4. every width is scored on test_2016 with beam 4, lenpen 0.6 (sacreBLEU); widths 64 and 128
 #    of the final model are exported with export_subnet and scored again.
 # Scores go to $WORK/scalable/bleu.jsonl.
+#
+# VENV: the virtualenv to use, made if absent (default ./.venv).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -26,13 +28,13 @@ WORK="$ROOT/runs/multi30k"
 VENV="${VENV:-$ROOT/.venv}"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --minutes) read -r -a MINUTES <<< "$2"
+    --minutes) need_value "$1" "${2-}"; read -r -a MINUTES <<< "$2"
       [ "${#MINUTES[@]}" = 3 ] || die "argument --minutes: takes three numbers above 0, got '$2'"
       for m in "${MINUTES[@]}"; do need_positive "$1" "$m"; done
       shift 2 ;;
-    --anneal-updates) need_whole "$1" "$2" 1; ANNEAL="$2"; shift 2 ;;
-    --work-dir) WORK="$2"; shift 2 ;;
-    --data-dir) need_dir "$1" "$2"; DATA_DIR="$2"; shift 2 ;;
+    --anneal-updates) need_whole "$1" "${2-}" 1; ANNEAL="$2"; shift 2 ;;
+    --work-dir) need_value "$1" "${2-}"; WORK="$2"; shift 2 ;;
+    --data-dir) need_dir "$1" "${2-}"; DATA_DIR="$2"; shift 2 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done

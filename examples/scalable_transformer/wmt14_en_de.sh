@@ -20,6 +20,10 @@
 # (https://github.com/facebookresearch/fairseq/tree/main/examples/translation), not in the installed
 # wheel: fetch it from there. By default it prepares WMT'17 training data (newstest2014 as test);
 # its --icml17 option gives the WMT'14 data of Vaswani et al., which the papers' tables use.
+#
+# SAVE: the checkpoints' directory (default checkpoints/$ARCH).
+# UPDATES_PER_EPOCH: the updates of one epoch of your data, which the stages' lengths count in
+# (default 9800: ~4.5M pairs at 458,752 tokens per update).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$ROOT/examples/args.sh"

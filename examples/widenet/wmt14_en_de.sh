@@ -13,6 +13,9 @@
 # (https://github.com/facebookresearch/fairseq/tree/main/examples/translation), not in the installed
 # wheel: fetch it from there. By default it prepares WMT'17 training data (newstest2014 as test);
 # its --icml17 option gives the WMT'14 data of Vaswani et al., which the papers' tables use.
+#
+# The arch is widenet_wmt_en_de; SAVE: the checkpoints' directory (default
+# checkpoints/widenet_wmt_en_de).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"  # runs from any directory
 source "$ROOT/examples/args.sh"

@@ -41,6 +41,20 @@ def number(low: float = None, high: float = None, meaning: str = "", low_include
 
 existing = _checked(str, os.path.exists, "an existing file or directory", "/no/such/path")
 existing.__name__ = "path"
+existing_file = _checked(str, os.path.isfile, "an existing file", "/")
+existing_file.__name__ = "file"
+existing_dir = _checked(str, os.path.isdir, "an existing directory", "/no/such/directory")
+existing_dir.__name__ = "directory"
+#: A path to write: its directory must exist (checked before any work, not after it).
+output = _checked(str, lambda path: os.path.isdir(os.path.dirname(os.path.abspath(path))),
+                  "a path in an existing directory", "/no/such/directory/out")
+output.__name__ = "output"
+
+
+def check_subset(parser: argparse.ArgumentParser, data: str, subset: str):
+    """Exit in one line (argparse's) unless the data directory ``data`` holds the split ``subset``."""
+    if not any(name.startswith(f"{subset}.") for name in os.listdir(data)):
+        parser.error(f"argument --subset: {data} holds no {subset!r} split")
 
 
 def widths(text: str) -> List[int]:

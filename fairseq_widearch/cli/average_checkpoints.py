@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from fairseq_widearch.checkpoint_loading import average_checkpoints
-from fairseq_widearch.cli import existing, whole
+from fairseq_widearch.cli import existing, output, whole
 
 #: How fairseq names a directory's interval checkpoints and its epoch checkpoints, by the number
 #: that orders them.
@@ -51,16 +51,13 @@ def parser() -> argparse.ArgumentParser:
                        "interval checkpoints (checkpoint_<epoch>_<updates>.pt) to average (default: 10)")
     count.add_argument("--num-epoch-checkpoints", type=whole(1), help="with a directory: how many epoch "
                        "checkpoints (checkpoint<epoch>.pt, kept by --keep-last-epochs) to average")
-    p.add_argument("--out", required=True, help="the averaged checkpoint to write (its directory must exist)")
+    p.add_argument("--out", required=True, type=output, help="the averaged checkpoint to write (its directory must exist)")
     return p
 
 
 def main(argv=None):
-    p = parser()
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     inputs = [Path(x) for x in args.inputs]
-    if not Path(args.out).parent.exists():
-        p.error(f"argument --out: no such directory: {Path(args.out).parent}")
     if len(inputs) == 1 and inputs[0].is_dir():
         by_epochs = args.num_epoch_checkpoints is not None
         inputs = latest_checkpoints(inputs[0], args.num_epoch_checkpoints if by_epochs else args.num_update_checkpoints,

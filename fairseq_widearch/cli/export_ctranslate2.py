@@ -38,7 +38,7 @@ import torch
 import fairseq_widearch  # noqa: F401  (registers the archs, allows loading the plugin's checkpoints)
 from fairseq_widearch.modules.slimmable import HEAD_DIM
 
-from . import existing
+from . import existing_dir, existing_file, output
 
 #: Why a plugin model is not a standard Transformer, by model class name.
 NO_CTRANSLATE2_LAYER = {
@@ -192,10 +192,10 @@ def export(checkpoint: str, data: str, out: str, quantization: Optional[str] = N
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, type=existing,
+    p.add_argument("--checkpoint", required=True, type=existing_file,
                    help="a pruned latent-depth or exported scalable checkpoint")
-    p.add_argument("--data", required=True, type=existing, help="the directory with the model's dict.*.txt")
-    p.add_argument("--out", required=True, help="the CTranslate2 model directory to write")
+    p.add_argument("--data", required=True, type=existing_dir, help="the directory with the model's dict.*.txt")
+    p.add_argument("--out", required=True, type=output, help="the CTranslate2 model directory to write")
     p.add_argument("--quantization", default=None,
                    help="CTranslate2 weight type: int8, int8_float32, int8_float16, int16, float16, bfloat16 "
                         "(default: the weights as they are, fp32)")

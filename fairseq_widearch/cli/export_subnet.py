@@ -27,7 +27,7 @@ from fairseq_widearch.checkpoint_loading import save_derived_checkpoint
 from fairseq_widearch.model_builder import dummy_dictionary
 from fairseq_widearch.modules.sub_transformers import width_set
 
-from . import existing, whole, widths
+from . import existing_file, output, whole, widths
 
 #: Parameters of the exported model that alias another one (the tied output embedding).
 TIED = {"decoder.output_projection.weight"}
@@ -96,11 +96,11 @@ def export(checkpoint: str, out: str, width: int, layer_widths: Optional[List[in
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, type=existing, help="a scalable_transformer checkpoint")
+    p.add_argument("--checkpoint", required=True, type=existing_file, help="a scalable_transformer checkpoint")
     p.add_argument("--width", type=whole(1), required=True, help="C, the sub-Transformer's width (type-1: D^i = C)")
     p.add_argument("--layer-widths", default=None, type=widths,
                    help="type-2: D^i of every encoder then decoder layer, comma-separated (C is then normally M_max)")
-    p.add_argument("--out", required=True, help="where to write the exported checkpoint")
+    p.add_argument("--out", required=True, type=output, help="where to write the exported checkpoint")
     return p
 
 

@@ -29,7 +29,7 @@ from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.modules.moe import TopKRouter
 from fairseq_widearch.plotting import pyplot
 
-from . import existing, whole
+from . import check_subset, existing_dir, existing_file, output, whole
 
 
 def call_labels(name: str, stack, calls: int) -> List[str]:
@@ -80,17 +80,19 @@ def plot(labels, load, dropped, title: str, out: str):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, type=existing, help="a widenet checkpoint")
-    p.add_argument("--data", required=True, type=existing, help="fairseq data directory of the checkpoint's dictionaries")
+    p.add_argument("--checkpoint", required=True, type=existing_file, help="a widenet checkpoint")
+    p.add_argument("--data", required=True, type=existing_dir, help="fairseq data directory of the checkpoint's dictionaries")
     p.add_argument("--subset", default="valid")
     p.add_argument("--max-sentences", type=whole(0, "0: all"), default=0, help="first N sentences only (0: all)")
     p.add_argument("--inference-routing", action="store_true", help="route as at inference (eval capacity)")
-    p.add_argument("--out", default="expert_load.png", help="PNG to write")
+    p.add_argument("--out", default="expert_load.png", type=output, help="PNG to write")
     return p
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    check_subset(p, args.data, args.subset)
     [model], _, task = checkpoint_utils.load_model_ensemble_and_task([args.checkpoint], arg_overrides={"data": args.data})
     routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
     if not routers:

@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
-from fairseq_widearch.cli import existing
+from fairseq_widearch.cli import existing, output
 from fairseq_widearch.plotting import num_updates, pyplot
 
 STACKS = ("encoder", "decoder")
@@ -75,7 +75,7 @@ def plot(updates: List[int], stacks: Dict[str, torch.Tensor], pairs: List[str], 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", type=existing, help="checkpoint files or directories holding checkpoint*.pt")
-    p.add_argument("--out", default="layer_utilization.png", help="PNG to write")
+    p.add_argument("--out", default="layer_utilization.png", type=output, help="PNG to write")
     return p
 
 

@@ -23,7 +23,7 @@ from typing import Dict, Tuple
 import torch
 
 import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
-from fairseq_widearch.cli import existing
+from fairseq_widearch.cli import existing_file, output
 from fairseq_widearch.plotting import num_updates, pyplot
 
 _FUSION = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn|ffn)\.fusion\.alpha$")
@@ -73,8 +73,8 @@ def plot(weights, title: str, out: str):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", type=existing, help="a multipath_transformer checkpoint")
-    p.add_argument("--out", default="path_weights.png", help="PNG to write")
+    p.add_argument("checkpoint", type=existing_file, help="a multipath_transformer checkpoint")
+    p.add_argument("--out", default="path_weights.png", type=output, help="PNG to write")
     return p
 
 

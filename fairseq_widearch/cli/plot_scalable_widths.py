@@ -20,7 +20,7 @@ import sys
 from typing import Dict, List
 
 import fairseq_widearch  # noqa: F401  (registers the plugin, allows loading checkpoints)
-from fairseq_widearch.cli import existing, whole
+from fairseq_widearch.cli import check_subset, existing_dir, existing_file, output, whole
 from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.experiments.scoring import load_scalable, validation_nll
 from fairseq_widearch.modules.sub_transformers import width_set
@@ -65,13 +65,13 @@ def plot(panels: List[tuple], out: str):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bleu", type=existing, help="JSON lines of score_widths.py --json")
+    p.add_argument("--bleu", type=existing_file, help="JSON lines of score_widths.py --json")
     p.add_argument("--checkpoint", action="append", default=[], type=labelled_checkpoint, metavar="LABEL=CKPT",
                    help="a scalable_transformer checkpoint and its curve's label (repeatable)")
-    p.add_argument("--data", type=existing, help="fairseq data directory (for --checkpoint)")
+    p.add_argument("--data", type=existing_dir, help="fairseq data directory (for --checkpoint)")
     p.add_argument("--subset", default="valid")
     p.add_argument("--max-sentences", type=whole(0, "0: all"), default=0, help="first N sentences only (0: all)")
-    p.add_argument("--out", default="scalable_widths.png", help="PNG to write")
+    p.add_argument("--out", default="scalable_widths.png", type=output, help="PNG to write")
     return p
 
 
@@ -90,6 +90,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.checkpoint and not args.data:
         p.error("--checkpoint needs --data")
+    if args.data:
+        check_subset(p, args.data, args.subset)
     panels = []
     if args.bleu:
         panels.append(("sacreBLEU", read_bleu(args.bleu)))

@@ -28,7 +28,7 @@ import fairseq_widearch  # noqa: F401  (allows loading the plugin's checkpoints)
 from fairseq_widearch.checkpoint_loading import save_derived_checkpoint
 from fairseq_widearch.modules.layer_select import undecided_warning
 
-from . import existing, number
+from . import existing_file, number, output
 
 STACKS = ("encoder", "decoder")
 
@@ -108,8 +108,8 @@ def prune(checkpoint: str, out: str, threshold: float = 0.5, lang_pair: str = No
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, type=existing, help="a latent_depth_transformer checkpoint")
-    p.add_argument("--out", required=True, help="where to write the pruned transformer checkpoint")
+    p.add_argument("--checkpoint", required=True, type=existing_file, help="a latent_depth_transformer checkpoint")
+    p.add_argument("--out", required=True, type=output, help="where to write the pruned transformer checkpoint")
     p.add_argument("--threshold", type=number(0, 1), default=0.5, help="keep layers with q(z = 1) above this")
     p.add_argument("--lang-pair", default=None, help="multilingual models: the language pair (e.g. en-de) to prune for")
     return p

@@ -35,7 +35,7 @@ from fairseq_widearch.experiments.data import batches
 from fairseq_widearch.experiments.scoring import load_scalable, validation_nll
 from fairseq_widearch.modules.sub_transformers import parse_widths, width_set
 
-from . import existing, number, whole
+from . import check_subset, existing_dir, existing_file, number, whole
 
 
 def validation_bleu(model, task, samples: list, beam: int, lenpen: float) -> float:
@@ -64,8 +64,8 @@ def draw(choices: List[int], widest: List[int], count: int, fits, rng) -> List[L
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, type=existing, help="a scalable_transformer checkpoint")
-    p.add_argument("--data", required=True, type=existing, help="binarized data directory")
+    p.add_argument("--checkpoint", required=True, type=existing_file, help="a scalable_transformer checkpoint")
+    p.add_argument("--data", required=True, type=existing_dir, help="binarized data directory")
     p.add_argument("--subset", default="valid")
     p.add_argument("--choices", default="", help="D^i choices (default: the model's width set M)")
     p.add_argument("--num-samples", type=whole(1), default=1000, help="configurations to score (paper: 1,000)")
@@ -81,8 +81,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
-
+    p = parser()
+    args = p.parse_args(argv)
+    check_subset(p, args.data, args.subset)
     model, task = load_scalable(args.checkpoint, args.data)
     widest, widest_dims = model.widest_config()
     choices = parse_widths(args.choices) if args.choices else width_set(model.cfg)

@@ -26,6 +26,7 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor
 
+from ..validation import refuse
 from .attention_utils import (
     append_to_cache,
     bias_attention,
@@ -197,11 +198,12 @@ def process_kernel() -> str:
     """The kernel ``KERNEL_VARIABLE`` names (``auto`` where unset).
 
     Raises:
-        ValueError: naming the variable, for a value not in ``KERNELS``.
+        ConfigurationError: naming the variable, for a value not in ``KERNELS`` (``validation.refuse``:
+            one line under a fairseq program).
     """
     kernel = os.environ.get(KERNEL_VARIABLE) or "auto"
     if kernel not in KERNELS:
-        raise ValueError(f"{KERNEL_VARIABLE} must be one of {', '.join(KERNELS)}, got {kernel!r}")
+        refuse(f"{KERNEL_VARIABLE} must be one of {', '.join(KERNELS)}, got {kernel!r}")
     return kernel
 
 

@@ -26,6 +26,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
+from ..fairseq_fixes import registered_name
 from ..modules.sub_transformers import parse_widths, width_set
 from ..validation import refuse
 
@@ -89,7 +90,8 @@ class ScalableTranslationTask(TranslationTask):
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         if not hasattr(model, "set_sample_config"):
-            refuse(f"--task scalable_translation needs a scalable_transformer arch, not {cfg.arch!r}")
+            arch = getattr(cfg, "arch", None) or cfg._name  # (fairseq-hydra-train's model config has _name alone)
+            refuse(f"--task scalable_translation needs a scalable_transformer arch, not {arch!r}")
         if self.cfg.num_sub_transformers < 0:
             refuse(f"--num-sub-transformers must be >= 0, got {self.cfg.num_sub_transformers}")
         self.eval_sub_transformer(model)
@@ -116,11 +118,19 @@ class ScalableTranslationTask(TranslationTask):
                                       update_num)
         return [(widest, dims), *drawn]
 
+    @staticmethod
+    def criterion_error(criterion) -> Optional[str]:
+        """Why ``criterion`` cannot train under this task, or None (fairseq-train asks at start-up,
+        ``fairseq_fixes.training_criterion_error``)."""
+        if hasattr(criterion, "sub_transformer_loss"):
+            return None
+        return (f"--task scalable_translation trains with --criterion scalable_self_distillation (its --distill-stage 1 "
+                f"is label-smoothed CE for every sub-Transformer), not --criterion {registered_name(criterion)}")
+
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        if not hasattr(criterion, "sub_transformer_loss"):
-            refuse("--task scalable_translation trains with --criterion scalable_self_distillation (its "
-                             f"--distill-stage 1 is label-smoothed CE for every sub-Transformer), not "
-                             f"{type(criterion).__name__}")
+        error = self.criterion_error(criterion)
+        if error:
+            refuse(error)
         model.train()
         model.set_num_updates(update_num)
         configs = self.sub_transformers(model, update_num)

@@ -136,7 +136,7 @@ def test_training_with_another_criterion_fails_naming_the_flag():
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
     model = build_model("scalable_transformer_tiny", vocab_size=VOCAB)
     task = make_task()
-    with pytest.raises(ValueError, match="--criterion scalable_self_distillation .* not LabelSmoothedCrossEntropy"):
+    with pytest.raises(ValueError, match="scalable_self_distillation .* not --criterion label_smoothed_cross_entropy"):
         task.train_step(make_sample(), model, LabelSmoothedCrossEntropyCriterion(task, False, 0.1), BackwardCounter(), 0)
 
 
