@@ -52,17 +52,19 @@ def test_every_argument_that_takes_a_value_is_checked_by_its_type(tool):
     assert unchecked == []
 
 
-ROWS = [(tool, a.option_strings[0] if a.option_strings else None, a.type) for tool in TOOLS for a in arguments(tool)
-        if hasattr(a.type, "invalid")]
+ROWS = [(tool, a.option_strings[0] if a.option_strings else None, a.type, value) for tool in TOOLS
+        for a in arguments(tool) if hasattr(a.type, "invalid") for value in a.type.invalid]
 
 
-@pytest.mark.parametrize("tool,flag,kind", ROWS, ids=[f"{t.rsplit('.', 1)[1]} {f or 'positional'}" for t, f, _ in ROWS])
-def test_each_checked_argument_refuses_a_wrong_value_in_one_line_naming_it(tool, flag, kind):
-    out = cli(tool, *([flag] if flag else []), kind.invalid)
+@pytest.mark.parametrize("tool,flag,kind,value", ROWS,
+                         ids=[f"{t.rsplit('.', 1)[1]} {f or 'positional'} {v}" for t, f, _, v in ROWS])
+def test_each_checked_argument_refuses_a_wrong_value_in_one_line_naming_it(tool, flag, kind, value):
+    """Every value a type refuses (each bound's), given to every argument of that type."""
+    out = cli(tool, *([flag] if flag else []), value)
     last = out.stderr.strip().splitlines()[-1]
     named = flag or next(a.dest for a in arguments(tool) if a.type is kind)
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert f"error: argument {named}: takes {kind.accepts}, got {kind.invalid!r}" in last, last
+    assert f"error: argument {named}: takes {kind.accepts}, got {value!r}" in last, last
 
 
 SUBSET_TOOLS = [tool for tool in TOOLS if any("--subset" in a.option_strings for a in arguments(tool))]
@@ -100,10 +102,18 @@ def test_the_scripts_are_found():
     assert "examples/multi30k/quickstart.sh" in SCRIPTS and "examples/widenet/wmt14_en_de.sh" in SCRIPTS
 
 
+def runs_listing() -> list:
+    """What the checkout's runs/ holds, two levels deep (where the recipes write by default)."""
+    runs = REPO / "runs"
+    return sorted([*runs.glob("*"), *runs.glob("*/*")]) if runs.exists() else []
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_each_script_answers_help_with_its_usage_starting_nothing(script, flag, tmp_path):
+    before = runs_listing()
     out = bash(script, flag, tmp_path=tmp_path)
+    assert runs_listing() == before
     header = (REPO / script).read_text().splitlines()[1].removeprefix("# ")
     assert out.returncode == 0 and out.stdout.startswith(header), (out.stdout[:500], out.stderr[-2000:])
     assert f"bash {script}" in out.stdout or "Sourced by" in out.stdout  # how it is run, what it takes

@@ -1,14 +1,14 @@
 """Command-line tools (``python -m fairseq_widearch.cli.<tool>``), and the argument types they share,
 so that a bad argument ends in one line naming it and what it accepts (argparse's ``error:`` line),
-never in a traceback. Each type carries ``accepts`` (what it takes) and ``invalid`` (a value it
-refuses), from which tests/test_wrong_input.py finds what to give every tool's every argument."""
+never in a traceback. Each type carries ``accepts`` (what it takes) and ``invalid`` (the values it
+refuses at each of its bounds), from which tests/test_wrong_input.py finds what to give every tool's every argument."""
 import argparse
 import math
 import os
 from typing import Callable, List
 
 
-def _checked(convert: Callable, valid: Callable, accepts: str, invalid: str) -> Callable:
+def _checked(convert: Callable, valid: Callable, accepts: str, *invalid: str) -> Callable:
     def parse(text: str):
         try:
             value = convert(text)
@@ -36,7 +36,8 @@ def number(low: float = None, high: float = None, meaning: str = "", low_include
     above = (lambda v: v >= low) if low_included else (lambda v: v > low)
     return _checked(float, lambda v: math.isfinite(v) and (low is None or above(v)) and (high is None or v < high),
                     "a number" + (f" {bounds}" if bounds else "") + (f" ({meaning})" if meaning else ""),
-                    str(low - low_included if low is not None else high if high is not None else "nan"))
+                    *([f"{low - low_included:g}"] if low is not None else []), *([f"{high:g}"] if high is not None else []),
+                    "nan")
 
 
 existing = _checked(str, os.path.exists, "an existing file or directory", "/no/such/path")
@@ -71,4 +72,4 @@ def widths(text: str) -> List[int]:
     return values
 
 
-widths.accepts, widths.invalid = "comma-separated positive integers", "0,64"
+widths.accepts, widths.invalid = "comma-separated positive integers", ("0,64",)

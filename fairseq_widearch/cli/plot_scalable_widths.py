@@ -82,7 +82,7 @@ def labelled_checkpoint(text: str) -> str:
     return text
 
 
-labelled_checkpoint.accepts, labelled_checkpoint.invalid = "LABEL=CKPT, CKPT an existing checkpoint", "x=/no/such.pt"
+labelled_checkpoint.accepts, labelled_checkpoint.invalid = "LABEL=CKPT, CKPT an existing checkpoint", ("x=/no/such.pt",)
 
 
 def main(argv=None):
