@@ -28,7 +28,7 @@ setup(
         "plots": PLOTS,
         "deploy": DEPLOY,
         "docs": DOCS,
-        "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "ruff"] + EXAMPLES + DEPLOY + DOCS,
+        "test": ["pytest>=7", "pytest-timeout", "pytest-xdist", "ruff==0.17.6"] + EXAMPLES + DEPLOY + DOCS,
     },
     license="MIT",
 )

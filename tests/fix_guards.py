@@ -15,9 +15,10 @@ from types import SimpleNamespace
 
 import torch
 from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
-from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_REGISTRY
 
 from fairseq_widearch import fairseq_fixes
+from fairseq_widearch.experiments.settings import plugin_archs
 from fairseq_widearch.fairseq_fixes import DECODING, FIXES
 from testing_utils import REPO, WORKERS, dummy_translation_data, fairseq, launch
 
@@ -130,11 +131,11 @@ def guard_keep_last_batch(runs, monkeypatch):
 
 
 def guard_require_auxiliary_criterion(runs, monkeypatch):
-    """WideNet and latent depth, under a criterion that drops their auxiliary losses, stop before
-    their first update."""
-    both = [("widenet_tiny", "moe_label_smoothed_cross_entropy"),
-            ("latent_depth_transformer_tiny", "latent_depth_label_smoothed_cross_entropy")]
-    for arch, criterion in both[runs.world - 1:]:  # (processes: latent depth's alone, for time)
+    """Every architecture with auxiliary losses (WideNet, latent depth), under a criterion that drops
+    them, stops before its first update."""
+    auxiliary = [(f"{arch}_tiny", MODEL_REGISTRY[arch].auxiliary_criterion) for arch in plugin_archs()
+                 if MODEL_REGISTRY[arch].auxiliary_criterion]
+    for arch, criterion in auxiliary[:1] if runs.world > 1 else auxiliary:  # (processes: one, for time)
         out = runs.train(arch, "--max-update", 1, arch=arch)
         assert out.returncode != 0 and f"train with --criterion {criterion}" in out.text, out.text[-3000:]
         assert not (runs.tmp / arch / "checkpoint_last.pt").exists()

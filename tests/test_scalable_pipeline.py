@@ -146,7 +146,6 @@ def test_stage3_targets_are_the_widest_models_filtered_beam_outputs(stages, mult
 def test_stage3_targets_refuse_to_write_an_empty_training_set(monkeypatch, tmp_path):
     """An untrained model's outputs all run to the length limit: a message, not fairseq-train's later
     error on an empty file."""
-    monkeypatch.syspath_prepend(str(REPO / "examples" / "scalable_transformer"))
     import distillation_targets
     looping = {i: ("ein kurzer Satz", " ".join(["der"] * 251)) for i in range(3)}
     monkeypatch.setattr(distillation_targets, "decode_training_set", lambda args: looping)

@@ -111,3 +111,20 @@ def test_a_run_with_no_data_to_be_had_stops_at_the_first_test_that_needs_it_with
     assert "Traceback" not in out and "PASSED" not in out and "1 error" in out
     stop = next(line for line in out.splitlines() if "Interrupted" in line)
     assert "set MULTI30K_DIR to a local copy of its raw text" in stop, out
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_fast_test_that_reads_multi30k_stops_the_collection_naming_it(tmp_path):
+    """The fast tier runs offline: pytest itself, on a copy of the suite's set-up with a test that is
+    not marked slow and asks for raw Multi30k."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    for name in ("conftest.py", "testing_utils.py"):
+        shutil.copy(REPO / "tests" / name, tests)
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    (tests / "test_any.py").write_text("def test_a(multi30k_dir):\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", tests], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert "the fast tier reads no Multi30k (mark these slow, or use dummy_bin): tests/test_any.py::test_a" in proc.stderr

@@ -311,10 +311,19 @@ def batch(seed=0, bsz=3, src_len=7, tgt_len=6):
     return src, src_lengths, prev
 
 
-#: The tiny presets whose decoder self-attention is the plugin's own module (WideNet and latent
-#: depth use fairseq's MultiheadAttention); PartialFormer's only without A^G and head scaling.
-OWN_SELF_ATTENTION = {"multipath_transformer_tiny": [], "scalable_transformer_tiny": [],
-                      "partialformer_tiny": ["--no-global-attention", "--decoder-heads", "4"]}
+#: The flags that make a tiny preset's own self-attention comparable with fairseq's masks:
+#: PartialFormer's without A^G and head scaling.
+COMPARABLE_SELF_ATTENTION = {"partialformer_tiny": ["--no-global-attention", "--decoder-heads", "4"]}
+
+
+def _own_self_attention(arch: str) -> bool:
+    from fairseq.modules import MultiheadAttention
+    return type(build_model(arch, vocab_size=VOCAB).decoder.layers[0].self_attn) is not MultiheadAttention
+
+
+#: The tiny presets whose decoder self-attention is the plugin's own module (found by building each;
+#: WideNet and latent depth use fairseq's MultiheadAttention) -> the flags that make it comparable.
+OWN_SELF_ATTENTION = {arch: COMPARABLE_SELF_ATTENTION.get(arch, []) for arch in TINY_ARCHS if _own_self_attention(arch)}
 
 
 def right_padded_batch(bsz=4, src_len=7, tgt_len=8):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The comparison of docs/results.md: the stock pre-norm Transformer and the five wide architectures
+# The comparison of docs/results.md: the stock pre-norm Transformer and every wide architecture
 # on Multi30k En->De, each trained for the same number of updates at every seed, decoded with the
 # same beam; training speed measured side by side in one process; table of params, MACs, BLEU
 # (mean ± sd over the seeds), training tokens/s, utilisation, decoding speed and wall time, and the
@@ -9,8 +9,9 @@
 #                                     [--data-dir DIR] [--results FILE] [--throughput JSON] [--figure PNG] [--systems a,b,...]
 #                                     [--device cpu|cuda] [--jobs N]
 #
-# 6 x 2 runs (docs/results.md gives each run's wall time; python -m fairseq_widearch.experiments.compare). Running
-# it again skips the runs --results holds and resumes an interrupted training.
+# One run per system and seed (docs/results.md gives each run's wall time; python -m
+# fairseq_widearch.experiments.compare). Running it again skips the runs --results holds and
+# resumes an interrupted training.
 #
 # VENV: the virtualenv to use, made if absent (default ./.venv).
 set -euo pipefail

@@ -362,7 +362,7 @@ class ScalableTransformerModel(WideTransformerModel):
         layers = self.all_layers()
         layer_widths = list(layer_widths) if layer_widths is not None else [width] * len(layers)
         if len(layer_widths) != len(layers):
-            raise ValueError(f"--layer-widths needs {len(layers)} widths (encoder then decoder layers), "
+            raise ValueError(f"layer_widths needs {len(layers)} widths (encoder then decoder layers), "
                              f"got {len(layer_widths)}")
         widest, widest_dims = self.widest_config()
         for w, maximum in [(width, widest), *zip(layer_widths, widest_dims)]:
