@@ -317,8 +317,11 @@ COMPARABLE_SELF_ATTENTION = {"partialformer_tiny": ["--no-global-attention", "--
 
 
 def _own_self_attention(arch: str) -> bool:
+    """Whether ``arch``'s decoder layers hold a ``self_attn`` (what the causal kernel replaces,
+    ``models.base.use_causal_kernel``) that is not fairseq's MultiheadAttention."""
     from fairseq.modules import MultiheadAttention
-    return type(build_model(arch, vocab_size=VOCAB).decoder.layers[0].self_attn) is not MultiheadAttention
+    attention = getattr(build_model(arch, vocab_size=VOCAB).decoder.layers[0], "self_attn", None)
+    return attention is not None and type(attention) is not MultiheadAttention
 
 
 #: The tiny presets whose decoder self-attention is the plugin's own module (found by building each;
