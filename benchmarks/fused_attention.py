@@ -38,14 +38,14 @@ import torch
 import fairseq_widearch  # noqa: F401  (registers the plugin)
 from fairseq_widearch.experiments.counting import alternating_rounds
 from fairseq_widearch.experiments.data import random_training_batches
-from fairseq_widearch.experiments.settings import plugin_archs
+from fairseq_widearch.experiments.settings import multi30k_presets
 from fairseq_widearch.model_builder import build_model
 from fairseq_widearch.models.base import use_causal_kernel
 from fairseq_widearch.modules.attention_utils import bias_attention, softmax_attention
 from fairseq_widearch.modules.partial_attention import KERNELS, PartialAttention
 from on_device import add_arguments, check, clock, describe, to, training_loss
 
-SYSTEMS = tuple(f"{arch}_multi30k" for arch in plugin_archs())
+SYSTEMS = tuple(multi30k_presets())
 PAD = 1
 
 

@@ -289,7 +289,7 @@ def apply_fixes(setting: str = None):
     _SELECTED[:] = selected_fixes(setting)
     for name in _SELECTED:
         _apply(FIXES[name])
-    if any(target.startswith("fairseq_cli.") for name in _SELECTED for target in FIXES[name].replaces):
+    if any(_replaces_cli(FIXES[name]) for name in _SELECTED):
         from fairseq.distributed import utils as distributed_utils
 
         if "apply_fixes" not in fixes_on(distributed_utils.call_main):
@@ -297,11 +297,16 @@ def apply_fixes(setting: str = None):
                      _reaching_main(distributed_utils.call_main), "apply_fixes")
 
 
+def _replaces_cli(fix_: Fix) -> bool:
+    """Whether ``fix_`` replaces a function of a ``fairseq_cli`` module."""
+    return any(target.startswith("fairseq_cli.") for target in fix_.replaces)
+
+
 def _reaching_main(call_main):
     @functools.wraps(call_main)
     def reaching_main(*args, **kwargs):
         for name in _SELECTED:
-            if any(target.startswith("fairseq_cli.") for target in FIXES[name].replaces):
+            if _replaces_cli(FIXES[name]):
                 _apply(FIXES[name])
         return call_main(*args, **kwargs)
     return reaching_main

@@ -23,6 +23,7 @@ import pytest
 from fairseq import options
 from fairseq.models.transformer import TransformerConfig
 
+import figures
 from testing_utils import PLUGIN_MODELS, REPO
 
 pytestmark = pytest.mark.docs
@@ -312,16 +313,6 @@ def fairseq_error(tool: str, argv: List[str]) -> Optional[str]:
     return f"--model-overrides keys that no model has: {unknown}" if unknown else None
 
 
-def script_main(relative: str):
-    """The ``main`` of an example or benchmark script (``relative`` to the checkout); the neighbours
-    it imports are importable (pyproject.toml's pythonpath)."""
-    path = REPO / relative
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
 def wrapper_options(script: Path) -> Tuple[set, Optional[str]]:
     """(the options a wrapper's ``case`` accepts, the example script it hands ``"$@"`` to or None)."""
     text = script.read_text()
@@ -392,7 +383,7 @@ def error_of(command: Command) -> Optional[str]:
     if kind == "script":
         if not (REPO / rest[0]).exists():
             return f"{rest[0]} does not exist"
-        return argparse_error(lambda: script_main(rest[0])(rest[1:]))
+        return argparse_error(lambda: figures.script(rest[0]).main(rest[1:]))
     return wrapper_error(rest[0], rest[1:])
 
 

@@ -5,6 +5,7 @@ arguments are typed by ``fairseq_widearch.cli``'s types (``whole``, ``number``, 
 and each is given the value its type refuses; a recipe's are read from its usage (``--data-dir
 DIR``, ``--x N``, ``DATA_BIN``) and checked by ``examples/args.sh``."""
 import argparse
+import functools
 import importlib
 import os
 import pkgutil
@@ -137,6 +138,7 @@ def wrong_arguments(usage: str) -> list:
     return found
 
 
+@functools.cache
 def usage_of(script) -> str:
     """What ``script --help`` prints (a wrapper's own usage, then the quick start's)."""
     return subprocess.run(["bash", REPO / script, "--help"], capture_output=True, text=True, timeout=60).stdout

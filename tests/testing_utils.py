@@ -28,7 +28,7 @@ import fairseq_widearch  # noqa: F401  (registers the plugin and applies its fix
 from fairseq_widearch.cli.export_subnet import build, export_model
 from fairseq_widearch.criterions.latent_depth_label_smoothed_cross_entropy import bernoulli_kl
 from fairseq_widearch.experiments.scoring import generate_args
-from fairseq_widearch.experiments.settings import criterion, plugin_archs, tiny_cases
+from fairseq_widearch.experiments.settings import criterion, multi30k_presets, plugin_archs, tiny_cases
 from fairseq_widearch.model_builder import build_model, parse_arch_args
 from fairseq_widearch.models.base import use_causal_kernel
 
@@ -39,7 +39,7 @@ PLUGIN_MODELS = {cls for name, cls in ARCH_MODEL_REGISTRY.items() if cls.__modul
 #: The plugin's architectures by their model names (``--arch`` of the base preset), from fairseq's registry.
 PLUGIN_ARCHS = plugin_archs()
 #: Every architecture's Multi30k preset.
-MULTI30K_PRESETS = [f"{arch}_multi30k" for arch in PLUGIN_ARCHS]
+MULTI30K_PRESETS = multi30k_presets()
 #: Every architecture the plugin registers, through its `_tiny` preset, and the flags each trains
 #: with beyond its arch (the scalable one under its own task, in stage 2).
 TINY_CASES = tiny_cases()

@@ -180,7 +180,8 @@ def claim(name: str) -> str:
 
 
 def script(relative: str):
-    """The module of the script at ``relative`` (to the checkout), loaded from its file."""
+    """The module of the script at ``relative`` (to the checkout), loaded from its file (the neighbours
+    it imports: its own folder when run as a script, pytest's pythonpath in the tests)."""
     spec = importlib.util.spec_from_file_location(Path(relative).stem, REPO / relative)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -56,6 +56,11 @@ def plugin_archs() -> list:
     return sorted(name for name, cls in MODEL_REGISTRY.items() if cls.__module__.startswith("fairseq_widearch"))
 
 
+def multi30k_presets() -> list:
+    """Every architecture's ``_multi30k`` preset (the quick start's body), in ``plugin_archs`` order."""
+    return [f"{arch}_multi30k" for arch in plugin_archs()]
+
+
 def paper_presets() -> dict:
     """Each architecture -> the preset of its paper's size the benchmarks measure (the model's
     ``paper_preset``, else its base preset)."""
